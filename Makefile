@@ -1,0 +1,50 @@
+# Two commands on a fresh machine: `make demo` runs the tour, `make test` runs the tests.
+# Each creates .venv when missing and installs what it needs. A machine with an NVIDIA GPU
+# gets CUDA builds and onnxruntime-gpu; any other machine gets CPU builds. The choice lives
+# in constraints/<platform>.txt and the lines below, never in pyproject.toml.
+
+PYTHON   ?= python3
+VENV     := .venv
+BIN      := $(VENV)/bin
+HAS_GPU  := $(shell nvidia-smi -L >/dev/null 2>&1 && echo yes)
+PLATFORM := $(if $(HAS_GPU),gpu,cpu)
+STAMP    := $(VENV)/.installed-$(PLATFORM)
+EXTRAS   := torch,jax,onnx,serve,nvml,test
+
+# TensorFlow's CPU and CUDA builds are different packages, as are JAX's CUDA plugins.
+FRAMEWORKS_cpu := tensorflow-cpu
+FRAMEWORKS_gpu := tensorflow[and-cuda] jax[cuda13]
+
+export TF_CPP_MIN_LOG_LEVEL ?= 2
+
+.PHONY: demo test test-gpu install clean
+
+demo: $(STAMP)
+	$(BIN)/python examples/device_tour.py
+
+test: $(STAMP)
+	$(BIN)/python -m pytest
+
+# On a GPU machine with this repository installed in its own Python (the lent GPU box has
+# no registry access), run `make test-gpu VENV_PYTHON=python3`.
+VENV_PYTHON ?= $(BIN)/python
+test-gpu:
+	@if [ "$(VENV_PYTHON)" = "$(BIN)/python" ]; then $(MAKE) --no-print-directory $(STAMP); \
+	else $(VENV_PYTHON) -m pip install -q --no-build-isolation --no-deps -e .; fi
+	$(VENV_PYTHON) -m pytest -m gpu --xdevice-devices=auto -p no:cacheprovider
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml constraints/$(PLATFORM).txt
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q -c constraints/$(PLATFORM).txt -e '.[$(EXTRAS)]' $(FRAMEWORKS_$(PLATFORM))
+ifeq ($(PLATFORM),gpu)
+	# Something may have pulled the CPU onnxruntime over onnxruntime-gpu: leave the GPU one alone.
+	$(BIN)/python -m pip uninstall -q -y onnxruntime onnxruntime-gpu
+	$(BIN)/python -m pip install -q -c constraints/gpu.txt --no-deps onnxruntime-gpu
+endif
+	rm -f $(VENV)/.installed-*
+	touch $@
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache

@@ -1,0 +1,69 @@
+"""Logic more than one backend needs, written once; each backend supplies only its hooks."""
+
+from __future__ import annotations
+
+import ctypes
+from typing import Any
+
+from xdevice._device import Device
+from xdevice._errors import ConversionError, message
+from xdevice._types import Applied, Config, How, MemoryStats
+
+__all__ = ["dlpack_data_pointer", "memory_not_applied", "cpu_only_stats", "bfloat16_dtype", "is_numpy_bfloat16"]
+
+
+class _DLDevice(ctypes.Structure):
+    _fields_ = [("device_type", ctypes.c_int), ("device_id", ctypes.c_int)]
+
+
+class _DLDataType(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_uint8), ("bits", ctypes.c_uint8), ("lanes", ctypes.c_uint16)]
+
+
+class _DLTensor(ctypes.Structure):
+    _fields_ = [("data", ctypes.c_void_p), ("device", _DLDevice), ("ndim", ctypes.c_int),
+                ("dtype", _DLDataType), ("shape", ctypes.POINTER(ctypes.c_int64)),
+                ("strides", ctypes.POINTER(ctypes.c_int64)), ("byte_offset", ctypes.c_uint64)]
+
+
+_get_pointer = ctypes.pythonapi.PyCapsule_GetPointer
+_get_pointer.restype = ctypes.c_void_p
+_get_pointer.argtypes = [ctypes.py_object, ctypes.c_char_p]
+
+
+def dlpack_data_pointer(capsule: Any) -> int:
+    """The first element's address in an unconsumed DLPack capsule (DLManagedTensor).
+
+    For frameworks with no public pointer API (TensorFlow): the capsule is only read,
+    never consumed, and frees itself as usual.
+    """
+    tensor = _DLTensor.from_address(_get_pointer(capsule, b"dltensor"))
+    return int(tensor.data or 0) + int(tensor.byte_offset)
+
+
+def memory_not_applied(backend: str, config: Config, how: How, why: str) -> list[Applied]:
+    """One report row per requested memory setting that did not apply, saying why."""
+    return [Applied(backend, setting, getattr(config, setting), how, why)
+            for setting in ("memory_growth", "memory_limit") if getattr(config, setting) is not None]
+
+
+def cpu_only_stats(backend: str, device: Device) -> MemoryStats:
+    """CPU memory is the process's, not a framework allocator's: nothing to count."""
+    return MemoryStats(device, backend, in_use=None, peak=None, limit=None)
+
+
+def bfloat16_dtype() -> Any:
+    """numpy's bfloat16 dtype, from ``ml_dtypes`` (installed with JAX and TensorFlow)."""
+    try:
+        import ml_dtypes
+    except ImportError as error:
+        raise ConversionError(message(
+            "numpy has no bfloat16 type without ml_dtypes", received="a bfloat16 array",
+            fix="pip install ml_dtypes")) from error
+    return ml_dtypes.bfloat16
+
+
+def is_numpy_bfloat16(x: Any) -> bool:
+    """Whether ``x`` is a numpy array of ml_dtypes' bfloat16 (no framework import needed)."""
+    dtype = getattr(x, "dtype", None)
+    return type(x).__module__ == "numpy" and getattr(dtype, "name", "") == "bfloat16"

@@ -1,0 +1,16 @@
+"""The JAX backend. Importing this package imports jax (which starts no runtime)."""
+
+from xdevice.backends.base import Backend
+from xdevice.backends.jax.devices import Devices
+from xdevice.backends.jax.memory import Memory
+from xdevice.backends.jax.placement import Placement
+
+__all__ = ["JaxBackend"]
+
+
+class JaxBackend(Devices, Memory, Placement, Backend):
+    name = "jax"
+    title = "JAX"
+    supports_memory_limit = True
+    supports_preallocation = True
+    supports_virtual_devices = True

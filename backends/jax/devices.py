@@ -1,0 +1,51 @@
+"""JAX devices: the default platform's devices plus the CPU devices.
+
+Listing devices starts JAX's runtime (its backends), after which ``jax_num_cpu_devices``
+and the memory variables no longer apply. ``runtime_started`` reads
+``xla_bridge.backends_are_initialized``, a private function; if a JAX release drops it we
+assume "not started" and let JAX's own error surface through ``configure``.
+"""
+
+from __future__ import annotations
+
+import jax
+
+from xdevice._device import Device, device
+from xdevice._errors import ConfigurationError, message
+from xdevice._types import Applied, Config
+
+
+class Devices:
+    def version(self) -> str:
+        return jax.__version__
+
+    def runtime_started(self) -> bool:
+        try:
+            from jax._src import xla_bridge
+        except ImportError:
+            return False
+        started = getattr(xla_bridge, "backends_are_initialized", None)
+        return bool(started()) if started is not None else False
+
+    def list_devices(self) -> list[Device]:
+        native = list(jax.devices())
+        if native[0].platform != "cpu":
+            native += jax.devices("cpu")
+        return [device(d).with_facts(name=d.device_kind if d.platform != "cpu" else "")
+                for d in native]
+
+    def native_device(self, device: Device) -> jax.Device:
+        platform = {"cpu": "cpu", "gpu": "gpu", "tpu": "tpu"}[device.kind]
+        return jax.devices(platform)[device.index]
+
+    def configure_devices(self, config: Config) -> list[Applied]:
+        if config.cpu_devices is None:
+            return []
+        try:
+            jax.config.update("jax_num_cpu_devices", config.cpu_devices)
+        except RuntimeError as error:
+            raise ConfigurationError(message(
+                "JAX already started, so cpu_devices cannot change", received=str(error),
+                fix="call xdevice.configure(...) before the first JAX computation")) from error
+        return [Applied("jax", "cpu_devices", config.cpu_devices, "applied",
+                        f"jax_num_cpu_devices={config.cpu_devices}")]

@@ -1,0 +1,45 @@
+"""TensorFlow tensors: ``tf.device`` is the context, ``tf.identity`` under it moves.
+
+TensorFlow has no public data-pointer API; the pointer is read from a DLPack capsule.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any
+
+import tensorflow as tf
+
+from xdevice._device import Device, device
+from xdevice.backends._common import dlpack_data_pointer, is_numpy_bfloat16
+
+
+class Placement:
+    def is_array(self, x: Any) -> bool:
+        return isinstance(x, (tf.Tensor, tf.Variable))
+
+    def device_of(self, x: Any) -> Device:
+        return device(x.device)
+
+    def to_device(self, x: Any, device: Device) -> Any:
+        if self.device_of(x) == device:
+            return x
+        with tf.device(self.native_device(device)):
+            return tf.identity(x)
+
+    def default_device(self, device: Device) -> contextlib.AbstractContextManager[Any]:
+        return tf.device(self.native_device(device))
+
+    def from_dlpack(self, x: Any) -> Any:
+        if is_numpy_bfloat16(x):  # numpy cannot export bfloat16 through DLPack
+            return tf.convert_to_tensor(x)
+        return tf.experimental.dlpack.from_dlpack(x.__dlpack__())
+
+    def data_pointer(self, x: Any) -> int:
+        return dlpack_data_pointer(tf.experimental.dlpack.to_dlpack(x))
+
+    def to_numpy(self, x: Any) -> Any:
+        return x.numpy()
+
+    def zeros(self, shape: tuple[int, ...], dtype: str = "float32") -> Any:
+        return tf.zeros(shape, dtype=dtype)

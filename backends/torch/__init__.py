@@ -1,0 +1,14 @@
+"""The PyTorch backend. Importing this package imports torch."""
+
+from xdevice.backends.base import Backend
+from xdevice.backends.torch.devices import Devices
+from xdevice.backends.torch.memory import Memory
+from xdevice.backends.torch.placement import Placement
+
+__all__ = ["TorchBackend"]
+
+
+class TorchBackend(Devices, Memory, Placement, Backend):
+    name = "torch"
+    title = "PyTorch"
+    supports_memory_limit = True

@@ -1,0 +1,56 @@
+"""PyTorch devices: ``cpu`` plus CUDA (or ROCm, or Apple MPS) GPUs.
+
+Listing GPUs uses ``torch.cuda.device_count``, which does not initialise CUDA in torch.
+PyTorch has no virtual CPU devices; ``cpu_devices=N`` is recorded for ``replicate``, which
+starts N worker processes on gloo instead.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from xdevice._device import Device
+from xdevice._types import Applied, Config
+
+
+class Devices:
+    def version(self) -> str:
+        return torch.__version__
+
+    def runtime_started(self) -> bool:
+        return torch.cuda.is_initialized()
+
+    def list_devices(self) -> list[Device]:
+        found = [Device("cpu", 0)]
+        if torch.cuda.is_available():
+            found += [Device("gpu", i, **self._facts(i)) for i in range(torch.cuda.device_count())]
+        elif _mps_available():
+            found.append(Device("gpu", 0, name="Apple MPS", vendor="apple"))
+        return found
+
+    def native_device(self, device: Device) -> torch.device:
+        if device.kind == "cpu":
+            return torch.device("cpu")
+        if device.kind == "gpu" and not torch.cuda.is_available() and _mps_available():
+            return torch.device("mps", device.index)
+        return torch.device("cuda", device.index)
+
+    def configure_devices(self, config: Config) -> list[Applied]:
+        if config.cpu_devices is None:
+            return []
+        return [Applied("torch", "cpu_devices", config.cpu_devices, "advisory",
+                        f"PyTorch has no in-process virtual devices; replication runs "
+                        f"{config.cpu_devices} gloo worker processes")]
+
+    @staticmethod
+    def _facts(index: int) -> dict:
+        if not torch.cuda.is_initialized():
+            return {}  # properties would start CUDA; core fills them in from NVML
+        props = torch.cuda.get_device_properties(index)
+        vendor = "amd" if torch.version.hip else "nvidia"
+        return dict(name=props.name, vendor=vendor, memory_total=int(props.total_memory),
+                    compute_capability=(props.major, props.minor))
+
+
+def _mps_available() -> bool:
+    return bool(getattr(torch.backends, "mps", None)) and torch.backends.mps.is_available()

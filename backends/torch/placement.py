@@ -1,0 +1,42 @@
+"""PyTorch tensors: ``Tensor.to`` moves, ``torch.device`` is the default-device context."""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any
+
+import torch
+
+from xdevice._device import Device, device
+from xdevice.backends._common import bfloat16_dtype, is_numpy_bfloat16
+
+
+class Placement:
+    def is_array(self, x: Any) -> bool:
+        return isinstance(x, torch.Tensor)
+
+    def device_of(self, x: Any) -> Device:
+        return device(x.device)
+
+    def to_device(self, x: Any, device: Device) -> Any:
+        return x.to(self.native_device(device))
+
+    def default_device(self, device: Device) -> contextlib.AbstractContextManager[Any]:
+        return self.native_device(device)  # a torch.device is itself a (thread-local) context
+
+    def from_dlpack(self, x: Any) -> Any:
+        if is_numpy_bfloat16(x):  # numpy cannot export bfloat16 through DLPack
+            return torch.from_dlpack(x.view("int16")).view(torch.bfloat16)
+        return torch.from_dlpack(x)
+
+    def data_pointer(self, x: Any) -> int:
+        return int(x.data_ptr())
+
+    def to_numpy(self, x: Any) -> Any:
+        x = x.detach().cpu()
+        if x.dtype == torch.bfloat16:  # numpy has no bfloat16 of its own; ml_dtypes adds it
+            return x.view(torch.int16).numpy().view(bfloat16_dtype())
+        return x.numpy()
+
+    def zeros(self, shape: tuple[int, ...], dtype: str = "float32") -> Any:
+        return torch.zeros(shape, dtype=getattr(torch, dtype))

@@ -1,0 +1,72 @@
+"""The backend registry: entry points, lazy resolution, clear errors."""
+
+import inspect
+import json
+import textwrap
+
+import pytest
+
+import xdevice
+from xdevice import BackendUnavailable
+
+
+def test_the_four_builtin_backends_are_registered_through_entry_points():
+    from importlib.metadata import entry_points
+
+    registered = {ep.name for ep in entry_points(group="xdevice.backends")}
+    assert {"numpy", "torch", "jax", "tensorflow"} <= registered
+    assert set(xdevice.backends(all=True)) >= {"numpy", "torch", "jax", "tensorflow"}
+
+
+def test_backend_is_resolved_once_and_cached():
+    assert xdevice.backend("numpy") is xdevice.backend("numpy")
+
+
+def test_backends_stays_callable_after_a_backend_package_is_imported():
+    import xdevice.backends.numpy  # noqa: F401 - sets attribute xdevice.backends to the package
+
+    assert "numpy" in xdevice.backends()
+
+
+def test_a_typo_in_a_backend_name_suggests_the_right_one():
+    with pytest.raises(BackendUnavailable) as caught:
+        xdevice.backend("tensorfow")
+    assert "Did you mean 'tensorflow'?" in str(caught.value)
+    assert "Valid choices: numpy, torch, jax, tensorflow" in str(caught.value)
+
+
+def test_a_registered_backend_without_its_framework_gives_the_pip_line(tmp_path, run_python):
+    # A real third-party registration: a distribution on sys.path with an entry point.
+    dist = tmp_path / "xdevice_plugin_demo-1.0.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: xdevice-plugin-demo\nVersion: 1.0\n")
+    (dist / "entry_points.txt").write_text(
+        "[xdevice.backends]\nnosuchframework = xdevice.backends.numpy:NumpyBackend\n")
+    result = run_python(textwrap.dedent("""
+        import json, xdevice
+        out = {"installed": xdevice.backends(), "all": xdevice.backends(all=True)}
+        try:
+            xdevice.backend("nosuchframework")
+        except xdevice.BackendUnavailable as error:
+            out["error"] = str(error)
+        print(json.dumps(out))
+    """), env={"PYTHONPATH": str(tmp_path)})
+    assert result.returncode == 0, result.stderr
+    out = json.loads(result.stdout)
+    assert "nosuchframework" in out["all"] and "nosuchframework" not in out["installed"]
+    assert "not installed" in out["error"] and "Fix: pip install nosuchframework" in out["error"]
+
+
+def test_a_missing_builtin_framework_names_the_extra(run_python):
+    # Hide jax from the import system in a fresh process; the registry must say how to get it.
+    result = run_python("""
+        import sys, importlib.util
+        real = importlib.util.find_spec
+        importlib.util.find_spec = lambda name, *a: None if name == "jax" else real(name, *a)
+        import xdevice
+        try:
+            xdevice.backend("jax")
+        except xdevice.BackendUnavailable as error:
+            print(error)
+    """)
+    assert "Fix: pip install 'xdevice[jax]'" in result.stdout, result.stderr

@@ -1,0 +1,62 @@
+"""xdevice: write deep-learning code once; run it on PyTorch, JAX or TensorFlow, on any device.
+
+Importing xdevice imports no framework (not even numpy): each backend is resolved on
+first use. The public API is re-exported here from private modules.
+
+>>> import xdevice
+>>> "numpy" in xdevice.backends()
+True
+"""
+
+from xdevice import backends  # the callable package: xdevice.backends() lists installed ones
+from xdevice._configure import configure
+from xdevice._device import Device, device
+from xdevice._discovery import devices, find
+from xdevice._errors import (
+    BackendUnavailable,
+    ConfigurationError,
+    ConversionError,
+    DeviceNotFound,
+    InferenceError,
+    ParityError,
+    UnsupportedOp,
+    XDeviceError,
+)
+from xdevice._memory import memory_stats
+from xdevice._placement import DeviceFallbackWarning, Placement, current_device, on
+from xdevice._registry import backend
+from xdevice._tensors import backend_of, convert, device_of, to_device
+from xdevice._types import Applied, Config, ConfigReport, MemoryStats
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Applied",
+    "BackendUnavailable",
+    "Config",
+    "ConfigReport",
+    "ConfigurationError",
+    "ConversionError",
+    "Device",
+    "DeviceFallbackWarning",
+    "DeviceNotFound",
+    "InferenceError",
+    "MemoryStats",
+    "ParityError",
+    "Placement",
+    "UnsupportedOp",
+    "XDeviceError",
+    "backend",
+    "backend_of",
+    "backends",
+    "configure",
+    "convert",
+    "current_device",
+    "device",
+    "device_of",
+    "devices",
+    "find",
+    "memory_stats",
+    "on",
+    "to_device",
+]

@@ -1,0 +1,5 @@
+import sys
+
+from xdevice.cli import main
+
+sys.exit(main())

@@ -1,0 +1,235 @@
+"""Device discovery: what the machine has, and what each framework sees of it.
+
+The machine view starts no framework's runtime: CPUs come from the operating system and
+NVIDIA GPUs from NVML (``nvidia-ml-py``), so it can run before ``configure``. Which
+backends can use a GPU is read from their installed builds (package metadata), not by
+asking the framework, unless that framework is already running.
+
+A framework's own view (``devices(backend="jax")``) asks the framework, which starts the
+runtime of JAX and TensorFlow: configure first.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.metadata
+import os
+import platform
+import sys
+
+from xdevice import _registry
+from xdevice._device import KINDS, Device, device
+from xdevice._errors import DeviceNotFound, message
+
+__all__ = ["devices", "find", "machine_devices", "nvml_gpus", "nvml_physical_gpus", "visible_gpu_indices"]
+
+
+def devices(kind: str | None = None, backend: str | None = None) -> list[Device]:
+    """The devices of this machine, or the ones one framework sees.
+
+    Args:
+        kind: keep only ``"cpu"``, ``"gpu"`` or ``"tpu"`` devices.
+        backend: ask this framework for its own view (starts the runtime of JAX and
+            TensorFlow). Without it, discovery starts no framework.
+
+    >>> [str(d) for d in devices(kind="cpu")][:1]
+    ['cpu:0']
+    """
+    if kind is not None and kind not in KINDS:
+        raise DeviceNotFound(message("Unknown device kind", received=kind, choices=KINDS))
+    if backend is None:
+        found = machine_devices()
+    else:
+        facts = {d: d for d in machine_devices()}
+        found = [_merge(d, facts.get(d), backend) for d in _registry.backend(backend).list_devices()]
+    return [d for d in found if kind is None or d.kind == kind]
+
+
+def find(spec: object, backend: str | None = None) -> Device:
+    """The existing device named by ``spec``, with its facts.
+
+    Raises:
+        DeviceNotFound: it does not exist; the message lists those that do and the
+            nearest name.
+
+    >>> find("cpu")
+    Device('cpu:0', ...)  # doctest: +SKIP
+    """
+    wanted = device(spec)
+    present = devices(backend=backend)
+    for candidate in present:
+        if candidate == wanted:
+            return candidate
+    seen_by = f"backend {backend!r}" if backend else "this machine"
+    raise DeviceNotFound(message(
+        f"No device {wanted} on {seen_by}", expected="one of the devices that exist",
+        received=str(spec), choices=[str(d) for d in present],
+        fix="pick one of those, or use xdevice.on(..., soft=True) to fall back to the CPU"))
+
+
+def machine_devices() -> list[Device]:
+    """CPU and GPUs of this machine, from the OS and NVML; starts no framework."""
+    installed = _registry.backends()
+    cpu = _cpu().with_facts(backends=tuple(installed))
+    gpu_users = tuple(name for name in installed if _can_use_gpu(name))
+    gpus = [gpu.with_facts(backends=gpu_users) for gpu in nvml_gpus()]
+    if not gpus:
+        gpus = _gpus_from_running_frameworks()
+    return [cpu, *gpus]
+
+
+def _merge(seen: Device, facts: Device | None, backend: str) -> Device:
+    """A framework's device, with machine facts filled in where the framework gave none."""
+    fill = {}
+    if facts is not None:
+        for field in ("name", "vendor", "memory_total", "memory_free", "compute_capability"):
+            if getattr(seen, field) in ("", None):
+                fill[field] = getattr(facts, field)
+    return seen.with_facts(backends=(backend,), **fill)
+
+
+# -- CPU ----------------------------------------------------------------------------------
+
+def _cpu() -> Device:
+    info = _read_keyed("/proc/cpuinfo", ":")
+    memory = _read_keyed("/proc/meminfo", ":")
+    total = None
+    with contextlib.suppress(ValueError, OSError, AttributeError):
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    free = int(memory["MemAvailable"].split()[0]) * 1024 if "MemAvailable" in memory else None
+    vendor = info.get("vendor_id", "")
+    return Device("cpu", 0, name=info.get("model name") or platform.processor() or platform.machine(),
+                  vendor=_VENDORS.get(vendor, vendor.lower()), memory_total=total, memory_free=free)
+
+
+def _read_keyed(path: str, separator: str) -> dict[str, str]:
+    """First value of each key in a ``key: value`` file such as /proc/cpuinfo ({} if absent)."""
+    found: dict[str, str] = {}
+    with contextlib.suppress(OSError):
+        with open(path, encoding="utf-8") as lines:
+            for line in lines:
+                key, _, value = line.partition(separator)
+                found.setdefault(key.strip(), value.strip())
+    return found
+
+
+_VENDORS = {"GenuineIntel": "intel", "AuthenticAMD": "amd"}
+
+
+# -- NVIDIA GPUs through NVML ---------------------------------------------------------------
+
+def nvml_gpus() -> list[Device]:
+    """NVIDIA GPUs visible to this process, numbered as CUDA will number them.
+
+    Empty when NVML or its driver library is missing. Honours ``CUDA_VISIBLE_DEVICES``
+    (indices or UUIDs), which NVML itself ignores.
+    """
+    physical = nvml_physical_gpus()
+    order = visible_gpu_indices([uuid for uuid, _ in physical])
+    return [Device("gpu", new, **physical[old][1]) for new, old in enumerate(order)]
+
+
+def nvml_physical_gpus() -> list[tuple[str, dict]]:
+    """``(uuid, facts)`` for every NVIDIA GPU in physical order, ignoring visibility."""
+    try:
+        import pynvml
+    except ImportError:
+        return []
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError:
+        return []
+    physical = []
+    try:
+        for index in range(pynvml.nvmlDeviceGetCount()):
+            handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+            memory = pynvml.nvmlDeviceGetMemoryInfo(handle)
+            try:
+                capability = tuple(pynvml.nvmlDeviceGetCudaComputeCapability(handle))
+            except pynvml.NVMLError:
+                capability = None
+            physical.append((_text(pynvml.nvmlDeviceGetUUID(handle)), dict(
+                name=_text(pynvml.nvmlDeviceGetName(handle)), vendor="nvidia",
+                memory_total=int(memory.total), memory_free=int(memory.free),
+                compute_capability=capability)))
+    except pynvml.NVMLError:
+        return []
+    finally:
+        with contextlib.suppress(pynvml.NVMLError):
+            pynvml.nvmlShutdown()
+    return physical
+
+
+def _text(value: str | bytes) -> str:
+    return value if isinstance(value, str) else value.decode()
+
+
+def visible_gpu_indices(uuids: list[str], env: str | None = None) -> list[int]:
+    """Physical GPU indices in the order ``CUDA_VISIBLE_DEVICES`` makes visible.
+
+    CUDA stops at the first entry it cannot read, and so does this.
+
+    >>> visible_gpu_indices(["GPU-a", "GPU-b", "GPU-c"], env="2,GPU-a")
+    [2, 0]
+    >>> visible_gpu_indices(["GPU-a", "GPU-b"], env="1,7,0")
+    [1]
+    """
+    env = os.environ.get("CUDA_VISIBLE_DEVICES") if env is None else env
+    if env is None:
+        return list(range(len(uuids)))
+    order: list[int] = []
+    for entry in (e.strip() for e in env.split(",")):
+        if entry.isdigit() and int(entry) < len(uuids):
+            index = int(entry)
+        else:
+            matches = [i for i, uuid in enumerate(uuids) if entry and uuid.startswith(entry)]
+            if len(matches) != 1:
+                break
+            index = matches[0]
+        if index in order:
+            break
+        order.append(index)
+    return order
+
+
+def _gpus_from_running_frameworks() -> list[Device]:
+    """GPUs seen by frameworks whose runtime already started (asking them is free)."""
+    seen: dict[Device, list[str]] = {}
+    for backend in _registry.loaded_backends():
+        if backend.runtime_started():
+            for found in backend.list_devices():
+                if found.kind != "cpu":
+                    seen.setdefault(found, []).append(backend.name)
+    return [d.with_facts(backends=tuple(names)) for d, names in seen.items()]
+
+
+# -- which installed builds can use a GPU, from package metadata ---------------------------
+
+def _can_use_gpu(name: str) -> bool:
+    """Whether backend ``name``'s installed build supports NVIDIA GPUs (no import).
+
+    A framework that is already imported is asked directly; otherwise its distribution
+    says: torch wheels tagged ``+cpu`` are CPU-only, JAX needs a ``jax-cuda*`` plugin,
+    and ``tensorflow-cpu`` is CPU-only while Linux ``tensorflow`` includes CUDA.
+    """
+    if name in sys.modules and name in ("torch", "tensorflow"):
+        module = sys.modules[name]
+        if name == "torch":
+            return bool(getattr(module.version, "cuda", None))
+        return bool(module.test.is_built_with_cuda())
+    dists = _distributions()
+    if name == "torch":
+        return "torch" in dists and "+cpu" not in dists["torch"] and sys.platform == "linux"
+    if name == "jax":
+        return any(d.startswith(("jax-cuda", "jax_cuda")) for d in dists) or "+cuda" in dists.get("jaxlib", "")
+    if name == "tensorflow":
+        return "tensorflow" in dists and sys.platform == "linux"
+    return False
+
+
+def _distributions() -> dict[str, str]:
+    found = {}
+    for dist in importlib.metadata.distributions():
+        with contextlib.suppress(Exception):
+            found[dist.metadata["Name"].lower().replace("_", "-")] = dist.version
+    return found

@@ -1,0 +1,241 @@
+"""``xdevice doctor``: is this install healthy, and if not, what is the fix?
+
+Gathering facts (importing frameworks, opening ONNX Runtime sessions) is kept apart from
+judging them (pure functions over those facts), so every judgement is testable with facts
+this machine cannot produce, such as a broken CUDA install.
+
+What it checks: each framework imports and which devices it sees; a GPU the machine has
+but a GPU build of a framework does not see; ONNX Runtime providers that really load (ONNX
+Runtime lists CUDA as available even when its libraries are missing, then runs on the CPU
+with only a log line); ``onnxruntime`` and ``onnxruntime-gpu`` installed together (they
+overwrite each other's files); the CUDA driver and cuDNN that frameworks will find.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.metadata
+import json
+
+from xdevice import _registry
+from xdevice._discovery import _can_use_gpu, _distributions, devices, nvml_gpus
+
+__all__ = ["Finding", "DoctorReport", "doctor", "onnxruntime_conflict", "provider_findings",
+           "gpu_findings"]
+
+_ALWAYS_THERE = ("CPUExecutionProvider", "AzureExecutionProvider")
+
+
+@dataclasses.dataclass(frozen=True)
+class Finding:
+    """One observation; ``ok=False`` makes it a problem, and a problem carries its fix."""
+
+    topic: str
+    ok: bool
+    text: str
+    fix: str | None = None
+
+
+@dataclasses.dataclass
+class DoctorReport:
+    findings: list[Finding]
+
+    @property
+    def problems(self) -> list[Finding]:
+        return [f for f in self.findings if not f.ok]
+
+    @property
+    def healthy(self) -> bool:
+        return not self.problems
+
+    def __str__(self) -> str:
+        lines, topic = [], None
+        for finding in self.findings:
+            if finding.topic != topic:
+                topic = finding.topic
+                lines.append(f"{topic}:")
+            lines.append(f"  {'ok ' if finding.ok else 'BAD'}  {finding.text}")
+            if finding.fix:
+                lines.append(f"       fix: {finding.fix}")
+        count = len(self.problems)
+        lines.append("healthy" if not count else f"{count} problem{'s' * (count > 1)} found")
+        return "\n".join(lines)
+
+    def to_json(self) -> str:
+        return json.dumps({"healthy": self.healthy,
+                           "findings": [dataclasses.asdict(f) for f in self.findings]}, indent=2)
+
+
+def doctor() -> DoctorReport:
+    """Check frameworks, devices, ONNX Runtime and CUDA; every problem comes with a fix.
+
+    Imports every installed framework and starts their runtimes.
+    """
+    dists = _distributions()
+    gpus = nvml_gpus()
+    findings: list[Finding] = []
+    seen: dict[str, int] = {}
+    for name in _registry.backends(all=True):
+        if not _registry.is_installed(name):
+            findings.append(Finding("frameworks", True, f"{name}: not installed "
+                                    f"(optional: {_registry.pip_line(name)})"))
+            continue
+        try:
+            backend = _registry.backend(name)
+            found = devices(backend=name)
+        except Exception as error:  # a broken install must not stop the other checks
+            findings.append(Finding("frameworks", False, f"{name}: fails to load: {error}",
+                                    f"reinstall it: {_registry.pip_line(name)}"))
+            continue
+        seen[name] = sum(d.kind == "gpu" for d in found)
+        findings.append(Finding("frameworks", True, f"{name} {backend.version()}: sees "
+                                + ", ".join(str(d) for d in found)))
+    findings += gpu_findings(len(gpus), seen, {name: _can_use_gpu(name) for name in seen})
+    findings += onnxruntime_conflict(dists)
+    findings += _onnxruntime_providers()
+    findings += _cuda(gpus)
+    return DoctorReport(findings)
+
+
+# -- judgements: pure functions of facts ------------------------------------------------------
+
+def gpu_findings(machine_gpus: int, seen: dict[str, int], gpu_build: dict[str, bool]) -> list[Finding]:
+    """GPUs the machine has against those each framework sees."""
+    if not machine_gpus:
+        return [Finding("devices", True, "no NVIDIA GPU on this machine: everything runs on the CPU")]
+    findings = []
+    for name, count in seen.items():
+        if name == "numpy":
+            continue
+        if count:
+            findings.append(Finding("devices", True, f"{name} sees {count} of {machine_gpus} GPUs"))
+        elif gpu_build.get(name):
+            findings.append(Finding(
+                "devices", False, f"{name} is a GPU build but sees none of the {machine_gpus} GPUs",
+                "check CUDA_VISIBLE_DEVICES and that the CUDA libraries this build needs are installed"))
+        else:
+            findings.append(Finding(
+                "devices", False, f"{name} is a CPU-only build on a machine with {machine_gpus} GPUs",
+                f"install its CUDA build (`make` does this on a GPU machine)"))
+    return findings
+
+
+def onnxruntime_conflict(dists: dict[str, str]) -> list[Finding]:
+    """``onnxruntime`` and ``onnxruntime-gpu`` share one import package; both at once break it.
+
+    >>> onnxruntime_conflict({"onnxruntime": "1.31.1", "onnxruntime-gpu": "1.31.1"})[0].ok
+    False
+    """
+    present = [d for d in ("onnxruntime", "onnxruntime-gpu") if d in dists]
+    if len(present) == 2:
+        return [Finding(
+            "onnxruntime", False,
+            f"both onnxruntime {dists['onnxruntime']} and onnxruntime-gpu {dists['onnxruntime-gpu']} "
+            "are installed; they overwrite each other's files (jax2onnx pulls in onnxruntime)",
+            "pip uninstall -y onnxruntime onnxruntime-gpu && pip install onnxruntime-gpu")]
+    if present:
+        return [Finding("onnxruntime", True, f"{present[0]} {dists[present[0]]} installed")]
+    return [Finding("onnxruntime", True, "not installed (optional: pip install 'xdevice[onnx]')")]
+
+
+def provider_findings(listed: list[str], in_use: dict[str, list[str]]) -> list[Finding]:
+    """Providers ONNX Runtime lists against those a real session actually used.
+
+    Args:
+        listed: ``onnxruntime.get_available_providers()``.
+        in_use: for each provider tried, ``session.get_providers()`` of a session asked for it.
+
+    >>> provider_findings(["CUDAExecutionProvider", "CPUExecutionProvider"],
+    ...                   {"CUDAExecutionProvider": ["CPUExecutionProvider"]})[0].ok
+    False
+    """
+    findings = []
+    for provider in listed:
+        if provider in _ALWAYS_THERE:
+            continue
+        used = in_use.get(provider, [])
+        if provider in used:
+            findings.append(Finding("onnxruntime", True, f"{provider} loads and runs"))
+        else:
+            findings.append(Finding(
+                "onnxruntime", False,
+                f"{provider} is listed as available but a session asked for it ran on "
+                f"{', '.join(used) or 'nothing'}: its libraries (CUDA, cuDNN) did not load",
+                "install the CUDA and cuDNN versions this onnxruntime-gpu needs "
+                "(see `pip show onnxruntime-gpu`), e.g. pip install 'onnxruntime-gpu[cuda,cudnn]'"))
+    if "CPUExecutionProvider" in in_use:
+        findings.insert(0, Finding("onnxruntime", "CPUExecutionProvider" in in_use["CPUExecutionProvider"],
+                                   "CPUExecutionProvider loads and runs"))
+    return findings
+
+
+# -- facts that need the real thing ---------------------------------------------------------
+
+def _onnxruntime_providers() -> list[Finding]:
+    if not (_registry.is_installed("onnxruntime") and _registry.is_installed("onnx")):
+        return []
+    import onnxruntime
+
+    listed = onnxruntime.get_available_providers()
+    model = _identity_model()
+    in_use = {}
+    for provider in listed:
+        if provider == "AzureExecutionProvider":
+            continue
+        options = onnxruntime.SessionOptions()
+        options.log_severity_level = 4  # the fallback is reported here, not as log noise
+        try:
+            wanted = list(dict.fromkeys([provider, "CPUExecutionProvider"]))
+            session = onnxruntime.InferenceSession(model, options, providers=wanted)
+            in_use[provider] = session.get_providers()
+        except Exception:  # noqa: BLE001 - a provider that cannot start is what we look for
+            in_use[provider] = []
+    return provider_findings(listed, in_use)
+
+
+def _identity_model() -> bytes:
+    import onnx
+    from onnx import TensorProto, helper
+
+    value = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])
+    out = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])
+    graph = helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "doctor", [value], [out])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    return model.SerializeToString()
+
+
+def _cuda(gpus) -> list[Finding]:
+    if not gpus:
+        return []
+    findings = []
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        driver = pynvml.nvmlSystemGetCudaDriverVersion()
+        findings.append(Finding("cuda", True, f"CUDA driver supports CUDA {driver // 1000}.{driver % 1000 // 10}"))
+        pynvml.nvmlShutdown()
+    except Exception as error:  # noqa: BLE001 - any NVML failure is reported, not raised
+        findings.append(Finding("cuda", False, f"NVML could not report the CUDA driver: {error}",
+                                "install the NVIDIA driver"))
+    cudnn = [f"{d} {v}" for d, v in _distributions().items() if d.startswith("nvidia-cudnn")]
+    if cudnn:
+        findings.append(Finding("cuda", True, "cuDNN from pip: " + ", ".join(cudnn)))
+    else:
+        with_version = _torch_cudnn()
+        findings.append(Finding("cuda", with_version is not None,
+                                f"cuDNN: {with_version or 'not found'}",
+                                None if with_version else "pip install nvidia-cudnn-cu12 (or -cu13)"))
+    return findings
+
+
+def _torch_cudnn() -> str | None:
+    try:
+        importlib.metadata.version("torch")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+    import torch
+
+    version = torch.backends.cudnn.version() if torch.cuda.is_available() else None
+    return f"{version} (through torch)" if version else None

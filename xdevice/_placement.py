@@ -1,0 +1,107 @@
+"""``on(device)``: one context that sets the default device of every loaded framework.
+
+Inside ``with xdevice.on("gpu:1"):`` new torch tensors, JAX arrays and TensorFlow tensors
+are created on ``gpu:1`` (through ``torch.device``, ``jax.default_device`` and
+``tf.device``). The context is thread-local and nests, like each of those.
+
+Decisions:
+- "Loaded" means imported: a framework first imported inside the block is not affected,
+  which follows DESIGN.md rule 1 (never import a framework to configure it).
+- A device that one framework lacks (a CPU-only TensorFlow next to a CUDA PyTorch) falls
+  back for that framework alone with ``soft=True``, so each framework gets the best it has.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import threading
+import warnings
+from collections.abc import Iterator
+
+from xdevice import _registry
+from xdevice._device import Device, device
+from xdevice._discovery import devices
+from xdevice._errors import DeviceNotFound, message
+
+__all__ = ["on", "current_device", "Placement", "DeviceFallbackWarning"]
+
+logger = logging.getLogger("xdevice")
+_local = threading.local()
+
+
+class DeviceFallbackWarning(UserWarning):
+    """``on(..., soft=True)`` ran a framework on the CPU because the device was missing."""
+
+
+@dataclasses.dataclass
+class Placement:
+    """What ``on`` arranged: the device asked for, the one each framework got, and
+    (with ``log=True``) where each framework actually put a new array."""
+
+    requested: Device
+    devices: dict[str, Device] = dataclasses.field(default_factory=dict)
+    actual: dict[str, Device] = dataclasses.field(default_factory=dict)
+
+
+def current_device() -> Device | None:
+    """The device of the innermost ``on`` block in this thread, or None outside any."""
+    stack = getattr(_local, "stack", [])
+    return stack[-1] if stack else None
+
+
+@contextlib.contextmanager
+def on(spec: object, soft: bool = True, log: bool = False) -> Iterator[Placement]:
+    """Make ``spec`` the default device for every loaded framework, in this thread.
+
+    Args:
+        spec: any device spelling (``"gpu:1"``, ``"cuda:1"``, ``"/GPU:1"``, a native object).
+        soft: when a framework lacks the device, run it on ``cpu:0`` with a
+            ``DeviceFallbackWarning`` saying why. With ``soft=False`` raise instead.
+        log: create a probe array in each framework, record where it really landed in
+            ``Placement.actual``, and log it on the ``xdevice`` logger.
+
+    Raises:
+        DeviceNotFound: ``spec`` is not a device name, or (``soft=False``) a framework does
+            not have it; the message lists the devices that exist and the nearest name.
+
+    >>> with on("cpu") as placement:
+    ...     placement.requested
+    Device('cpu:0')
+    """
+    wanted = device(spec)
+    placement = Placement(requested=wanted)
+    active = [b for b in _registry.active_backends() if b.has_default_device]
+    if not active and wanted not in devices():
+        _fallback(wanted, "this machine", [str(d) for d in devices()], soft)
+    stack = _local.__dict__.setdefault("stack", [])
+    with contextlib.ExitStack() as scopes:
+        for backend in active:
+            present = backend.list_devices()
+            target = wanted
+            if wanted not in present:
+                target = _fallback(wanted, backend.name, [str(d) for d in present], soft)
+            scopes.enter_context(backend.default_device(target))
+            placement.devices[backend.name] = target
+            if log:
+                probe = backend.zeros((1,))
+                placement.actual[backend.name] = backend.device_of(probe)
+                logger.info("xdevice.on(%s): %s placed a new array on %s",
+                            wanted, backend.name, placement.actual[backend.name])
+        stack.append(wanted)
+        try:
+            yield placement
+        finally:
+            stack.pop()
+
+
+def _fallback(wanted: Device, where: str, present: list[str], soft: bool) -> Device:
+    what = f"No device {wanted} for {where}"
+    if not soft:
+        raise DeviceNotFound(message(
+            what, expected="a device that exists", received=str(wanted), choices=present,
+            fix="pick one of those, or pass soft=True to fall back to cpu:0"))
+    warnings.warn(f"{what} (it has: {', '.join(present)}); running on cpu:0 instead. "
+                  "Pass soft=False to make this an error.", DeviceFallbackWarning, stacklevel=4)
+    return Device("cpu", 0)

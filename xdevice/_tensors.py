@@ -1,0 +1,102 @@
+"""Arrays across frameworks: which framework and device hold one, moving it, converting it.
+
+Conversion goes through DLPack, so on one device it shares memory where both frameworks
+allow it. When a DLPack exchange is refused (an unsupported dtype, say), the array goes
+through a host copy instead, and ``copy=False`` turns that into an error.
+
+Does not import any framework: an array can only belong to a framework that is already
+imported (``sys.modules``), so only those are asked.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from xdevice import _registry
+from xdevice._discovery import find
+from xdevice._errors import ConversionError, message
+
+__all__ = ["backend_of", "device_of", "to_device", "convert"]
+
+
+def backend_of(x: Any) -> str:
+    """The name of the backend whose array ``x`` is.
+
+    >>> import numpy as np
+    >>> backend_of(np.zeros(2))
+    'numpy'
+    """
+    active = _registry.active_backends()
+    # numpy last: other frameworks' arrays are never ndarrays, but check the specific first
+    for backend in sorted(active, key=lambda b: b.name == "numpy"):
+        if backend.is_array(x):
+            return backend.name
+    raise ConversionError(message(
+        "Not an array of any loaded framework",
+        expected="a numpy, torch, JAX or TensorFlow array",
+        received=f"{type(x).__module__}.{type(x).__qualname__}",
+        choices=[b.name for b in active]))
+
+
+def device_of(x: Any):
+    """The :class:`Device` holding ``x``.
+
+    >>> import numpy as np
+    >>> device_of(np.zeros(2))
+    Device('cpu:0')
+    """
+    return _registry.backend(backend_of(x)).device_of(x)
+
+
+def to_device(x: Any, device: Any) -> Any:
+    """``x`` moved to ``device`` in its own framework (``x`` itself if already there).
+
+    Raises:
+        DeviceNotFound: the framework has no such device.
+    """
+    name = backend_of(x)
+    return _registry.backend(name).to_device(x, find(device, backend=name))
+
+
+def convert(x: Any, to: str, *, device: Any = None, copy: bool | None = None) -> Any:
+    """``x`` as an array of framework ``to``, through DLPack.
+
+    Args:
+        to: the target backend's name (``"numpy"``, ``"torch"``, ``"jax"``, ``"tensorflow"``).
+        device: also move the result to this device.
+        copy: None shares memory where possible and copies otherwise; False raises
+            ``ConversionError`` when sharing is impossible.
+
+    >>> import numpy as np
+    >>> convert(np.arange(3.0), to="numpy").tolist()
+    [0.0, 1.0, 2.0]
+    """
+    if copy is True:
+        raise ConversionError(message(
+            "convert() shares memory where it can; it does not force a copy",
+            expected="copy=None or copy=False", received=copy,
+            fix="copy the result with the target framework (e.g. tensor.clone())"))
+    source = _registry.backend(backend_of(x))
+    target = _registry.backend(to)
+    if source is target:
+        result = x
+    else:
+        try:
+            result = target.from_dlpack(x)
+        except (TypeError, ValueError, RuntimeError, BufferError) as error:
+            if copy is False:
+                raise ConversionError(message(
+                    f"{source.name} -> {to} cannot share memory for this array",
+                    received=f"{type(error).__name__}: {error}",
+                    fix="pass copy=None to allow a host copy")) from error
+            result = target.from_dlpack(source.to_numpy(x))
+            result = target.to_device(result, source.device_of(x))
+        if copy is False and target.data_pointer(result) != source.data_pointer(x):
+            raise ConversionError(message(
+                f"{source.name} -> {to} copied the data",
+                expected="a zero-copy view (copy=False)",
+                received="a new buffer (the frameworks could not share this array)",
+                fix="pass copy=None to accept a copy"))
+    if device is not None:
+        result = target.to_device(result, find(device, backend=to))
+    return result

@@ -1,0 +1,181 @@
+"""Plain value types shared by core and backends: configuration, its report, memory stats.
+
+Does not import any framework. Byte sizes are ints; ``parse_bytes`` reads ``"4GiB"`` too.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Mapping
+from typing import Literal
+
+from xdevice._device import Device, device
+from xdevice._errors import ConfigurationError, message
+
+__all__ = ["Config", "Applied", "ConfigReport", "MemoryStats", "parse_bytes", "format_bytes"]
+
+#: How a setting took effect. ``enforced``: the framework fails an allocation past the
+#: limit. ``pool``: the framework reserves that much up front and allocates inside it.
+#: ``advisory``: recorded and used by xdevice, not enforced by the framework.
+#: ``applied``: a non-limit setting took effect. ``skipped``: nothing to apply it to (no GPU,
+#: say). ``unsupported``: the framework cannot do it. ``detail`` says how, or why not.
+How = Literal["enforced", "pool", "advisory", "applied", "skipped", "unsupported"]
+
+_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+          "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+_SIZE = re.compile(r"^\s*(?P<number>\d+(?:\.\d+)?)\s*(?P<unit>[a-z]*)\s*$")
+
+
+def parse_bytes(value: int | str, what: str = "memory_limit") -> int:
+    """A positive byte count from an int or a string such as ``"4GiB"`` or ``"512 MB"``.
+
+    >>> parse_bytes("1.5GiB")
+    1610612736
+    """
+    if isinstance(value, bool) or not isinstance(value, (int, str)):
+        raise ConfigurationError(message(
+            f"{what} must be a number of bytes", expected="a positive int or a string like '4GiB'",
+            received=f"{value!r} ({type(value).__name__})",
+            fix=f"write e.g. {what}=4 * 2**30 or {what}='4GiB'"))
+    if isinstance(value, int):
+        number = value
+    else:
+        match = _SIZE.match(value.lower())
+        if match is None or match["unit"] not in _UNITS:
+            raise ConfigurationError(message(
+                f"{what} is not a size", expected="a number with an optional unit",
+                received=value, choices=[u for u in _UNITS if u],
+                fix=f"write e.g. {what}='4GiB'"))
+        number = int(float(match["number"]) * _UNITS[match["unit"]])
+    if number <= 0:
+        raise ConfigurationError(message(
+            f"{what} must be positive", expected="more than 0 bytes", received=value,
+            fix=f"leave {what} unset for no limit"))
+    return number
+
+
+def format_bytes(number: int | None) -> str:
+    """``12.0 GiB`` style, or ``-`` for None.
+
+    >>> format_bytes(3 * 2**30)
+    '3.0 GiB'
+    """
+    if number is None:
+        return "-"
+    size = float(number)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if size < 1024:
+            return f"{size:.1f} {unit}" if unit != "B" else f"{int(size)} B"
+        size /= 1024
+    return f"{size:.1f} TiB"
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    """Validated device settings, as ``xdevice.configure`` received them.
+
+    ``None`` means "leave the framework's default". Build one through ``Config.make``,
+    which validates and normalises what a user typed.
+    """
+
+    visible: tuple[Device, ...] | None = None
+    memory_growth: bool | None = None
+    memory_limit: int | Mapping[Device, int] | None = None
+    cpu_devices: int | None = None
+
+    @classmethod
+    def make(cls, visible=None, memory_growth=None, memory_limit=None, cpu_devices=None) -> Config:
+        """Validate user input into a Config (raises ConfigurationError/DeviceNotFound)."""
+        if visible is not None:
+            if isinstance(visible, (str, int)):
+                visible = [visible]
+            visible = tuple(Device("gpu", v) if isinstance(v, int) and not isinstance(v, bool)
+                            else device(v) for v in visible)
+            wrong = [str(d) for d in visible if d.kind != "gpu"]
+            if wrong:
+                raise ConfigurationError(message(
+                    "visible lists the accelerators to use; CPUs are always visible",
+                    expected="GPU names such as 'gpu:0' or GPU indices", received=wrong,
+                    fix="drop the CPU entries (use cpu_devices=N for virtual CPUs)"))
+        if memory_growth is not None and not isinstance(memory_growth, bool):
+            raise ConfigurationError(message(
+                "memory_growth must be True or False", expected="a bool",
+                received=memory_growth, choices=["True", "False"],
+                fix="True allocates on demand; False pre-allocates a pool"))
+        if isinstance(memory_limit, Mapping):
+            memory_limit = {device(k): parse_bytes(v) for k, v in memory_limit.items()}
+        elif memory_limit is not None:
+            memory_limit = parse_bytes(memory_limit)
+        if cpu_devices is not None and (isinstance(cpu_devices, bool) or not isinstance(cpu_devices, int)
+                                        or cpu_devices < 1):
+            raise ConfigurationError(message(
+                "cpu_devices is the number of virtual CPU devices", expected="an int of 1 or more",
+                received=cpu_devices, fix="write e.g. cpu_devices=4"))
+        return cls(visible, memory_growth, memory_limit, cpu_devices)
+
+    def limit_for(self, dev: Device) -> int | None:
+        """The memory limit in bytes that applies to ``dev``, or None."""
+        if isinstance(self.memory_limit, Mapping):
+            return self.memory_limit.get(dev)
+        return self.memory_limit
+
+    @property
+    def is_empty(self) -> bool:
+        return all(getattr(self, f.name) is None for f in dataclasses.fields(self))
+
+
+@dataclasses.dataclass(frozen=True)
+class Applied:
+    """One setting on one backend, and how it took effect."""
+
+    backend: str
+    setting: str
+    value: object
+    how: How
+    detail: str
+
+
+class ConfigReport(list):
+    """What ``configure`` did: a list of :class:`Applied`, printable as a table."""
+
+    def __str__(self) -> str:
+        rows = [("backend", "setting", "value", "how", "detail")]
+        rows += [(a.backend, a.setting, _show(a.value), a.how, a.detail) for a in self]
+        widths = [max(len(r[i]) for r in rows) for i in range(4)]
+        return "\n".join("  ".join(c.ljust(w) for c, w in zip(r[:4], widths)) + "  " + r[4]
+                         for r in rows)
+
+    def how(self, backend: str, setting: str) -> How | None:
+        """How ``setting`` took effect on ``backend`` (None when not requested)."""
+        for entry in self:
+            if entry.backend == backend and entry.setting == setting:
+                return entry.how
+        return None
+
+
+def _show(value: object) -> str:
+    if isinstance(value, tuple):
+        return ",".join(str(v) for v in value)
+    if isinstance(value, Mapping):
+        return ",".join(f"{k}={format_bytes(v)}" for k, v in value.items())
+    return str(value)
+
+
+@dataclasses.dataclass(frozen=True)
+class MemoryStats:
+    """Memory on one device as one framework sees it; None where it cannot tell.
+
+    Attributes:
+        in_use: bytes currently held by the framework's arrays.
+        peak: the most ``in_use`` has been since the process started.
+        limit: the most the framework will use on this device.
+        limit_how: ``enforced``, ``pool`` or ``advisory`` (see ``Applied``), or None.
+    """
+
+    device: Device
+    backend: str
+    in_use: int | None
+    peak: int | None
+    limit: int | None
+    limit_how: How | None = None
