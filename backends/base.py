@@ -2,8 +2,9 @@
 
 Every backend implements every abstract method here with the same signature (a contract
 test checks names, parameters and defaults). A backend package keeps the same files as
-every other: ``devices.py``, ``memory.py`` and ``placement.py`` each hold a mixin with one
-concern, and the package's ``__init__`` assembles them into the backend class.
+every other: ``devices.py``, ``memory.py``, ``placement.py`` and ``autodiff.py`` each hold a
+mixin with one concern, ``ops.py`` holds the backend's implementation of the op set
+(``opset.Ops``), and the package's ``__init__`` assembles them into the backend class.
 
 Capability flags say what a backend cannot do. Core checks them with :meth:`require`, so
 asking for a missing capability raises a clear ``ConfigurationError`` instead of doing
@@ -14,11 +15,13 @@ from __future__ import annotations
 
 import abc
 import contextlib
+from collections.abc import Callable
 from typing import Any, ClassVar
 
 from xdevice._device import Device
 from xdevice._errors import ConfigurationError, message
 from xdevice._types import Applied, Config, MemoryStats
+from xdevice.backends.opset import Ops
 
 __all__ = ["Backend"]
 
@@ -37,6 +40,8 @@ class Backend(abc.ABC):
 
     name: ClassVar[str]
     title: ClassVar[str]
+    #: the backend's implementation of the neutral op set
+    ops: ClassVar[Ops]
     supports_memory_limit: ClassVar[bool] = False
     supports_preallocation: ClassVar[bool] = False
     supports_virtual_devices: ClassVar[bool] = False
@@ -107,6 +112,19 @@ class Backend(abc.ABC):
     @abc.abstractmethod
     def zeros(self, shape: tuple[int, ...], dtype: str = "float32") -> Any:
         """A new array of zeros on the current default device."""
+
+    # -- autodiff.py ----------------------------------------------------------------------
+
+    @abc.abstractmethod
+    def value_and_grad(self, fn: Callable[..., Any], params: dict[str, Any], *args: Any
+                       ) -> tuple[Any, dict[str, Any]]:
+        """``fn(params, *args)`` (a scalar) and its gradient for every entry of ``params``,
+        with the framework's own autodiff."""
+
+    @abc.abstractmethod
+    def jit(self, fn: Callable[..., Any]) -> Callable[..., Any]:
+        """``fn`` compiled the framework's way (``jax.jit``, ``tf.function``; PyTorch runs
+        eagerly, so ``fn`` itself)."""
 
     # -- shared behaviour ---------------------------------------------------------------
 

@@ -1,6 +1,7 @@
 """The numpy reference backend: CPU only, the ground truth that parity is measured against."""
 
 from xdevice.backends.base import Backend
+from xdevice.backends.numpy.autodiff import Autodiff, TapedOps
 from xdevice.backends.numpy.devices import Devices
 from xdevice.backends.numpy.memory import Memory
 from xdevice.backends.numpy.placement import Placement
@@ -8,7 +9,8 @@ from xdevice.backends.numpy.placement import Placement
 __all__ = ["NumpyBackend"]
 
 
-class NumpyBackend(Devices, Memory, Placement, Backend):
+class NumpyBackend(Devices, Memory, Placement, Autodiff, Backend):
     name = "numpy"
     title = "NumPy"
     has_default_device = False  # numpy arrays always live in host memory
+    ops = TapedOps()  # records a gradient tape whenever an input is a Var

@@ -1,0 +1,78 @@
+"""One tolerance table per dtype, and the one comparison every parity check uses.
+
+An element passes when ``|actual - expected| <= atol + rtol * |expected|`` (numpy's
+``allclose`` rule). The reference is computed in float64, so the budget is the tested
+dtype's own rounding, accumulated through a network.
+
+| dtype    | rtol | atol |
+|----------|------|------|
+| float64  | 1e-7 | 1e-9 |
+| float32  | 1e-4 | 1e-5 |
+| float16  | 1e-2 | 1e-3 |
+| bfloat16 | 5e-2 | 1e-2 |
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+__all__ = ["TOLERANCES", "Comparison", "compare"]
+
+TOLERANCES: dict[str, tuple[float, float]] = {
+    "float64": (1e-7, 1e-9),
+    "float32": (1e-4, 1e-5),
+    "float16": (1e-2, 1e-3),
+    "bfloat16": (5e-2, 1e-2),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Comparison:
+    """How far ``actual`` is from ``expected``, and where it is worst."""
+
+    max_abs: float
+    max_rel: float
+    worst_index: tuple[int, ...]
+    actual: float
+    expected: float
+    rtol: float
+    atol: float
+    ok: bool
+
+    def describe(self) -> str:
+        return (f"worst at index {self.worst_index}: {self.actual!r} vs expected {self.expected!r} "
+                f"(max abs {self.max_abs:.3g}, max rel {self.max_rel:.3g}; "
+                f"allowed {self.atol:g} + {self.rtol:g} * |expected|)")
+
+
+def compare(actual: Any, expected: Any, dtype: str = "float32") -> Comparison:
+    """Compare two numpy-convertible arrays under ``dtype``'s tolerance.
+
+    Shapes must match; NaN matches NaN only where both have it; integers and booleans must
+    be equal.
+
+    >>> compare([1.0, 2.0], [1.0, 2.00001]).ok
+    True
+    """
+    import numpy as np
+
+    a = np.asarray(actual)
+    e = np.asarray(expected)
+    if a.shape != e.shape:
+        return Comparison(float("inf"), float("inf"), (), float("nan"), float("nan"), 0, 0, False)
+    exact = a.dtype.kind in "biu" or e.dtype.kind in "biu"
+    rtol, atol = (0.0, 0.0) if exact else TOLERANCES.get(dtype, TOLERANCES["float32"])
+    a64, e64 = a.astype(np.float64), e.astype(np.float64)
+    both_nan = np.isnan(a64) & np.isnan(e64)
+    same_inf = np.isinf(a64) & (a64 == e64)
+    diff = np.where(both_nan | same_inf, 0.0, np.abs(a64 - e64))
+    diff = np.where(np.isnan(diff), np.inf, diff)
+    excess = diff - (atol + rtol * np.where(np.isinf(e64), 0.0, np.abs(e64)))
+    if a.size == 0:
+        return Comparison(0.0, 0.0, (), 0.0, 0.0, rtol, atol, True)
+    worst = np.unravel_index(int(np.argmax(excess)), a.shape) if a.ndim else ()
+    rel = diff / np.maximum(np.abs(e64), np.finfo(np.float64).tiny)
+    return Comparison(float(diff.max()), float(np.where(diff == 0, 0.0, rel).max()),
+                      tuple(int(i) for i in worst), a64[worst].item(), e64[worst].item(),
+                      rtol, atol, bool((excess <= 0).all()))
