@@ -126,6 +126,19 @@ class Backend(abc.ABC):
         """``fn`` compiled the framework's way (``jax.jit``, ``tf.function``; PyTorch runs
         eagerly, so ``fn`` itself)."""
 
+    # -- native.py ------------------------------------------------------------------------
+
+    @abc.abstractmethod
+    def to_native(self, name: str, spec: dict, apply: Callable[..., Any], params: dict[str, Any],
+                  trainable: list[str]) -> Any:
+        """A zoo model as this framework's own trainable object (``params`` are this
+        backend's arrays; ``trainable`` names those updated by gradient)."""
+
+    @abc.abstractmethod
+    def from_native(self, native: Any) -> tuple[str, dict, dict[str, Any], Device] | None:
+        """``(name, spec, numpy arrays, device)`` of an object ``to_native`` made, or None
+        when ``native`` is not one of this framework's."""
+
     # -- shared behaviour ---------------------------------------------------------------
 
     def require(self, capability: str, wanted: str) -> None:

@@ -32,7 +32,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["Ops", "Array", "DTYPES", "UNARY", "BINARY", "COMPARISONS"]
+__all__ = ["Ops", "Array", "DTYPES", "UNARY", "BINARY", "COMPARISONS", "masked_score"]
 
 Array = Any
 DTYPES = ("float16", "bfloat16", "float32", "float64", "int8", "int16", "int32", "int64",
@@ -48,7 +48,12 @@ BINARY = ("add", "subtract", "multiply", "divide", "power", "maximum", "minimum"
 #: Comparisons, returning bool arrays (each ``name(x, y)``).
 COMPARISONS = ("equal", "not_equal", "less", "less_equal", "greater", "greater_equal")
 
-_MASKED = -1e9  # a masked attention score: finite, so an all-masked row stays finite
+
+def masked_score(dtype: str) -> float:
+    """The score a masked attention position gets: finite, so a fully masked row stays
+    finite and attends uniformly; float16 cannot hold -1e9."""
+    return -6e4 if dtype == "float16" else -1e9
+
 
 
 class Ops(abc.ABC):
@@ -411,7 +416,7 @@ class Ops(abc.ABC):
         scale = 1.0 / math.sqrt(self.shape(q)[-1]) if scale is None else scale
         scores = self.multiply(self.matmul(q, self.swap_last(k)), scale)
         if mask is not None:
-            scores = self.where(mask, scores, _MASKED)
+            scores = self.where(mask, scores, masked_score(self.dtype(scores)))
         return self.matmul(self.softmax(scores, axis=-1), v)
 
     def swap_last(self, x: Array) -> Array:

@@ -3,7 +3,9 @@
 1. configure devices and memory once, before any framework starts;
 2. list what the machine has, and what each framework sees of it;
 3. run a computation in each framework on the best device, with ``xdevice.on``;
-4. hand one tensor from framework to framework through DLPack, without copying.
+4. hand one tensor from framework to framework through DLPack, without copying;
+5. build the reference zoo once and check every backend against the numpy reference;
+6. hand a model to each framework as its own object, and read it back exactly.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import sys
 
 import xdevice
+from xdevice import models
 
 
 def main() -> int:
@@ -42,7 +45,24 @@ def main() -> int:
         print(f"  {xdevice.backend_of(x):>10} -> {target:<10} on {xdevice.device_of(y)} "
               f"pointer {pointer:#x}  values {xdevice.backend(target).to_numpy(y)[:4].tolist()}...")
         x = y
-    return 0
+
+    section("5. the reference zoo: one set of weights, the same answers on every backend")
+    report = xdevice.ParityReport()
+    for name in models.NAMES:
+        report += xdevice.parity(name, grads=True)
+    print(report)
+
+    section("6. to_native: the model as each framework's own object, and back")
+    model = models.build("cnn", seed=0)
+    x = model.example_input(2)
+    for name in xdevice.backends():
+        native = models.to_native(model, name)
+        kind = {"torch": "a torch.nn.Module", "tensorflow": "a tf.Module of tf.Variables"}.get(
+            name, "(apply_fn, params)")
+        back = models.from_native(native)
+        same = all((back.numpy_params()[k] == model.numpy_params()[k]).all() for k in model.params)
+        print(f"  {name:<10} {kind:<28} weights back exactly: {same}")
+    return 0 if report.ok else 1
 
 
 def matmul_in_each_framework():

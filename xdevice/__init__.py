@@ -23,6 +23,7 @@ from xdevice._errors import (
     XDeviceError,
 )
 from xdevice._memory import memory_stats
+from xdevice._parity import ParityReport, parity
 from xdevice._placement import DeviceFallbackWarning, Placement, current_device, on
 from xdevice._registry import backend
 from xdevice._tensors import backend_of, convert, device_of, to_device
@@ -43,6 +44,7 @@ __all__ = [
     "InferenceError",
     "MemoryStats",
     "ParityError",
+    "ParityReport",
     "Placement",
     "UnsupportedOp",
     "XDeviceError",
@@ -58,5 +60,6 @@ __all__ = [
     "find",
     "memory_stats",
     "on",
+    "parity",
     "to_device",
 ]

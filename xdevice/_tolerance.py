@@ -32,7 +32,7 @@ class Comparison:
     """How far ``actual`` is from ``expected``, and where it is worst."""
 
     max_abs: float
-    max_rel: float
+    max_rel: float  # over elements whose reference exceeds atol
     worst_index: tuple[int, ...]
     actual: float
     expected: float
@@ -64,15 +64,24 @@ def compare(actual: Any, expected: Any, dtype: str = "float32") -> Comparison:
     exact = a.dtype.kind in "biu" or e.dtype.kind in "biu"
     rtol, atol = (0.0, 0.0) if exact else TOLERANCES.get(dtype, TOLERANCES["float32"])
     a64, e64 = a.astype(np.float64), e.astype(np.float64)
+    with np.errstate(invalid="ignore", divide="ignore", over="ignore"):  # NaN and inf are handled below
+        return _compare(a, a64, e64, rtol, atol)
+
+
+def _compare(a, a64, e64, rtol, atol) -> Comparison:
+    import numpy as np
+
     both_nan = np.isnan(a64) & np.isnan(e64)
     same_inf = np.isinf(a64) & (a64 == e64)
     diff = np.where(both_nan | same_inf, 0.0, np.abs(a64 - e64))
     diff = np.where(np.isnan(diff), np.inf, diff)
-    excess = diff - (atol + rtol * np.where(np.isinf(e64), 0.0, np.abs(e64)))
+    excess = diff - (atol + rtol * np.where(np.isfinite(e64), np.abs(e64), 0.0))
     if a.size == 0:
         return Comparison(0.0, 0.0, (), 0.0, 0.0, rtol, atol, True)
     worst = np.unravel_index(int(np.argmax(excess)), a.shape) if a.ndim else ()
-    rel = diff / np.maximum(np.abs(e64), np.finfo(np.float64).tiny)
-    return Comparison(float(diff.max()), float(np.where(diff == 0, 0.0, rel).max()),
+    # relative error only where the reference is larger than the absolute allowance
+    significant = np.abs(e64) > max(atol, np.finfo(np.float32).tiny)
+    rel = np.where(significant, diff / np.where(significant, np.abs(e64), 1.0), 0.0)
+    return Comparison(float(diff.max()), float(rel.max()),
                       tuple(int(i) for i in worst), a64[worst].item(), e64[worst].item(),
                       rtol, atol, bool((excess <= 0).all()))

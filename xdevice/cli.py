@@ -33,6 +33,18 @@ def main(argv: list[str] | None = None) -> int:
     checkup.add_argument("--json", action="store_true", help="print JSON instead of text")
     checkup.set_defaults(run=_doctor)
 
+    check = commands.add_parser("parity", help="run the zoo on every backend against the numpy reference")
+    check.add_argument("--models", nargs="+", default=None, metavar="NAME", help="zoo models (default: all)")
+    check.add_argument("--backends", nargs="+", default=None, metavar="NAME",
+                       help="backends to check (default: every installed one)")
+    check.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16"])
+    check.add_argument("--no-grads", action="store_true", help="compare outputs only")
+    check.add_argument("--batch", type=int, default=4)
+    form = check.add_mutually_exclusive_group()
+    form.add_argument("--json", action="store_true", help="print JSON")
+    form.add_argument("--markdown", action="store_true", help="print a Markdown table")
+    check.set_defaults(run=_parity)
+
     args = parser.parse_args(argv)
     try:
         return args.run(args)
@@ -77,6 +89,23 @@ def _as_dict(d: Device) -> dict:
             "memory_total": d.memory_total, "memory_free": d.memory_free,
             "compute_capability": list(d.compute_capability) if d.compute_capability else None,
             "backends": list(d.backends)}
+
+
+def _parity(args: argparse.Namespace) -> int:
+    from xdevice import models
+    from xdevice._parity import ParityReport, parity
+
+    names = args.models or list(models.NAMES)
+    for name in names:
+        models.definition(name)  # an unknown name fails before any work
+    for name in args.backends or []:
+        _registry.backend(name)
+    report = ParityReport(dtype=args.dtype)
+    for name in names:
+        report += parity(name, backends=args.backends, grads=not args.no_grads, dtype=args.dtype,
+                         batch=args.batch)
+    print(report.to_json() if args.json else report.to_markdown() if args.markdown else report)
+    return 0 if report.ok else 1
 
 
 def _doctor(args: argparse.Namespace) -> int:

@@ -45,4 +45,6 @@ class Placement:
         return np.asarray(x)
 
     def zeros(self, shape: tuple[int, ...], dtype: str = "float32") -> Any:
-        return jnp.zeros(shape, dtype=dtype)
+        from xdevice.backends.jax.ops import jax_dtype  # maps 64-bit names when x64 is off
+
+        return jnp.zeros(shape, dtype=jax_dtype(dtype))

@@ -10,18 +10,20 @@ untaped. The rules themselves are checked against finite differences in the test
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import math
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
 
 from xdevice._errors import XDeviceError, message
-from xdevice.backends.numpy.ops import (NumpyOps, _tuple, conv_padding, pool_counts, pool_padding,
-                                        slice_index, windows)
+from xdevice.backends._shapes import as_tuple, conv_padding, pool_counts, pool_padding, slice_index, windows
+from xdevice.backends.numpy.ops import NumpyOps
 
-__all__ = ["Var", "TapedOps", "Autodiff", "RULES"]
+__all__ = ["Var", "TapedOps", "Autodiff", "RULES", "kink_margin"]
 
 
 class Var:
@@ -135,13 +137,14 @@ def _extreme(g, out, x, axis=None, keepdims=False):
 
 
 def _matmul(g, out, a, b):
+    # promote vectors to matrices (as matmul does), differentiate, then drop the added axes
     a2 = a[None, :] if a.ndim == 1 else a
     b2 = b[:, None] if b.ndim == 1 else b
-    g2 = g
-    if a.ndim == 1:
-        g2 = np.expand_dims(g2, -2)
+    g2 = np.asarray(g)
     if b.ndim == 1:
-        g2 = np.expand_dims(g2, -1)
+        g2 = g2[..., None]
+    if a.ndim == 1:
+        g2 = g2[..., None, :]
     ga = g2 @ np.swapaxes(b2, -1, -2)
     gb = np.swapaxes(a2, -1, -2) @ g2
     ga = ga[..., 0, :] if a.ndim == 1 else ga
@@ -209,10 +212,14 @@ def _take(g, out, x, indices, axis=0):
 
 
 def _take_along_axis(g, out, x, indices, axis):
-    grad = np.zeros(np.shape(x), dtype=g.dtype)
-    index = np.asarray(indices).astype(np.int64) % np.shape(x)[axis]
-    grids = list(np.indices(index.shape, sparse=True))
-    grids[axis] = index
+    shape = np.shape(x)
+    grad = np.zeros(shape, dtype=g.dtype)
+    index = np.broadcast_to(np.asarray(indices).astype(np.int64) % shape[axis], g.shape)
+    # indices and x broadcast against each other off the axis: map each output position
+    # back to the x element it read (a size-1 dim of x is read at 0)
+    grids = [np.broadcast_to(grid % size, g.shape) for grid, size in
+             zip(np.indices(g.shape, sparse=True), shape)]
+    grids[axis % len(shape)] = index
     np.add.at(grad, tuple(grids), g)
     return (grad, None)
 
@@ -260,7 +267,7 @@ def _scatter_windows(cols: np.ndarray, padded_shape, window, stride, dilation) -
 
 def _conv(g, out, x, w, b=None, stride=1, padding=0, dilation=1, groups=1):
     dims = w.ndim - 2
-    stride, dilation = _tuple(stride, dims), _tuple(dilation, dims)
+    stride, dilation = as_tuple(stride, dims), as_tuple(dilation, dims)
     pads = conv_padding(padding, x.shape[2:], w.shape[2:], stride, dilation)
     padded = np.pad(x, [(0, 0), (0, 0), *pads])
     cols = windows(padded, w.shape[2:], stride, dilation)
@@ -280,9 +287,9 @@ def _conv(g, out, x, w, b=None, stride=1, padding=0, dilation=1, groups=1):
 
 def _max_pool(g, out, x, window, stride=None, padding=0, dilation=1, ceil_mode=False):
     dims = x.ndim - 2
-    window = _tuple(window, dims)
-    stride = _tuple(stride or window, dims)
-    dilation = _tuple(dilation, dims)
+    window = as_tuple(window, dims)
+    stride = as_tuple(stride or window, dims)
+    dilation = as_tuple(dilation, dims)
     pads = pool_padding(padding, x.shape[2:], window, stride, dilation, ceil_mode)
     padded = np.pad(x, [(0, 0), (0, 0), *pads], constant_values=-np.inf)
     cols = windows(padded, window, stride, dilation)
@@ -296,8 +303,8 @@ def _max_pool(g, out, x, window, stride=None, padding=0, dilation=1, ceil_mode=F
 
 def _avg_pool(g, out, x, window, stride=None, padding=0, count_include_pad=False, ceil_mode=False):
     dims = x.ndim - 2
-    window = _tuple(window, dims)
-    stride = _tuple(stride or window, dims)
+    window = as_tuple(window, dims)
+    stride = as_tuple(stride or window, dims)
     pads = pool_padding(padding, x.shape[2:], window, stride, (1,) * dims, ceil_mode)
     counts = pool_counts(x.shape[2:], pads, window, stride, count_include_pad, padding)
     share = np.broadcast_to((g / counts)[(...,) + (None,) * dims], g.shape + window)
@@ -381,6 +388,58 @@ NO_GRADIENT = ("sign", "floor", "ceil", "round", "logical_not", "isnan", "isinf"
                "greater", "greater_equal", "argmax", "argmin")
 
 
+# -- kinks: where a gradient jumps ------------------------------------------------------------
+#
+# relu and abs at 0, maximum/minimum and max pooling at ties: an input that close to a kink
+# may land on the other side in another framework's float32 rounding, which changes the
+# gradient by a discrete amount that no tolerance covers. The reference measures how close
+# its inputs come, relative to their scale, so parity can pick inputs that stay clear.
+
+_margins = threading.local()
+
+
+@contextlib.contextmanager
+def kink_margin() -> Iterator[list[float]]:
+    """Collect, while active, each kinked op's closest approach to its kink (relative)."""
+    previous = getattr(_margins, "found", None)
+    _margins.found = []
+    try:
+        yield _margins.found
+    finally:
+        _margins.found = previous
+
+
+def _note(distance: np.ndarray, scale: np.ndarray) -> None:
+    found = getattr(_margins, "found", None)
+    if found is not None and np.size(distance):
+        found.append(float(np.min(distance)) / max(float(np.max(np.abs(scale))), np.finfo(np.float64).tiny))
+
+
+def _kinked(name: str, distance: Callable) -> Callable:
+    taped = getattr(TapedOps, name)
+
+    def op(self, *args, **kwargs):
+        raw = [_raw(a) for a in args]
+        _note(*distance(*raw, **kwargs))
+        return taped(self, *args, **kwargs)
+
+    op.__name__ = op.__qualname__ = name
+    op.__signature__ = getattr(taped, "__signature__", None)
+    return op
+
+
+def _top_two_gap(x, window, stride=None, padding=0, dilation=1, ceil_mode=False):
+    dims = np.ndim(x) - 2
+    window = as_tuple(window, dims)
+    stride, dilation = as_tuple(stride or window, dims), as_tuple(dilation, dims)
+    pads = pool_padding(padding, np.shape(x)[2:], window, stride, dilation, ceil_mode)
+    cols = windows(np.pad(x, [(0, 0), (0, 0), *pads], constant_values=-np.inf), window, stride, dilation)
+    flat = np.sort(cols.reshape(*cols.shape[:2 + dims], -1), axis=-1)
+    gap = flat[..., -1] - flat[..., -2] if flat.shape[-1] > 1 else np.full(flat.shape[:-1], np.inf)
+    # an exact tie (ReLU zeros, say) is exact in every framework too: only near-ties can flip
+    return np.where(np.isfinite(gap) & (gap > 0), gap, np.inf), np.where(np.isfinite(x), x, 0)
+
+
 class TapedOps(NumpyOps):
     """The numpy op set, recording a tape whenever an input is a :class:`Var`."""
 
@@ -409,6 +468,14 @@ for _name, _rule in RULES.items():
     setattr(TapedOps, _name, _taped(_name, _rule))
 for _name in NO_GRADIENT:
     setattr(TapedOps, _name, _taped(_name, None))
+for _name, _distance in {
+    "relu": lambda x: (np.abs(x), x),
+    "abs": lambda x: (np.abs(x), x),
+    "maximum": lambda x, y: (np.abs(np.subtract(x, y)), np.broadcast_arrays(x, y)[0]),
+    "minimum": lambda x, y: (np.abs(np.subtract(x, y)), np.broadcast_arrays(x, y)[0]),
+    "max_pool": _top_two_gap,
+}.items():
+    setattr(TapedOps, _name, _kinked(_name, _distance))
 
 _OPS = TapedOps()
 

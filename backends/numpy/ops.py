@@ -10,12 +10,12 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from numpy.lib.stride_tricks import sliding_window_view
 
 from xdevice._errors import UnsupportedOp, message
+from xdevice.backends._shapes import as_tuple, conv_padding, pool_counts, pool_padding, slice_index, windows
 from xdevice.backends.opset import Ops
 
-__all__ = ["NumpyOps", "windows", "conv_padding", "pool_padding", "numpy_dtype"]
+__all__ = ["NumpyOps", "numpy_dtype"]
 
 _SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
 
@@ -302,7 +302,7 @@ class NumpyOps(Ops):
         dims = w.ndim - 2
         pads = conv_padding(padding, x.shape[2:], w.shape[2:], stride, dilation)
         padded = np.pad(x, [(0, 0), (0, 0), *pads])
-        cols = windows(padded, w.shape[2:], _tuple(stride, dims), _tuple(dilation, dims))
+        cols = windows(padded, w.shape[2:], as_tuple(stride, dims), as_tuple(dilation, dims))
         # cols: (N, C, *out, *kernel) -> grouped contraction with w (O, C/g, *kernel)
         n, c = x.shape[:2]
         out_shape = cols.shape[2:2 + dims]
@@ -318,108 +318,27 @@ class NumpyOps(Ops):
     def max_pool(self, x, window, stride=None, padding=0, dilation=1, ceil_mode=False):
         x = np.asarray(x)
         dims = x.ndim - 2
-        window = _tuple(window, dims)
-        stride = _tuple(stride or window, dims)
-        pads = pool_padding(padding, x.shape[2:], window, stride, _tuple(dilation, dims), ceil_mode)
+        window = as_tuple(window, dims)
+        stride = as_tuple(stride or window, dims)
+        pads = pool_padding(padding, x.shape[2:], window, stride, as_tuple(dilation, dims), ceil_mode)
         padded = np.pad(x, [(0, 0), (0, 0), *pads], constant_values=-np.inf)
-        cols = windows(padded, window, stride, _tuple(dilation, dims))
+        cols = windows(padded, window, stride, as_tuple(dilation, dims))
         return cols.max(axis=tuple(range(-dims, 0)))
 
     def avg_pool(self, x, window, stride=None, padding=0, count_include_pad=False, ceil_mode=False):
         x = np.asarray(x)
         dims = x.ndim - 2
-        window = _tuple(window, dims)
-        stride = _tuple(stride or window, dims)
+        window = as_tuple(window, dims)
+        stride = as_tuple(stride or window, dims)
         pads = pool_padding(padding, x.shape[2:], window, stride, (1,) * dims, ceil_mode)
         kernel_axes = tuple(range(-dims, 0))
         total = windows(np.pad(x, [(0, 0), (0, 0), *pads]), window, stride, (1,) * dims).sum(axis=kernel_axes)
         counts = pool_counts(x.shape[2:], pads, window, stride, count_include_pad, padding)
-        return (total / counts).astype(x.dtype)
+        with np.errstate(invalid="ignore", divide="ignore"):  # a window all in padding is 0/0: NaN
+            return (total / counts).astype(x.dtype)
 
-
-# -- helpers shared with autodiff.py ---------------------------------------------------------
 
 def _axes(axis):
     if axis is None or isinstance(axis, int):
         return axis
     return tuple(axis)
-
-
-def _tuple(value, dims: int) -> tuple[int, ...]:
-    return tuple(value) if isinstance(value, (list, tuple)) else (int(value),) * dims
-
-
-def slice_index(rank, starts, stops, axes=None, steps=None) -> tuple:
-    index = [slice(None)] * rank
-    axes = range(len(starts)) if axes is None else axes
-    steps = [1] * len(starts) if steps is None else steps
-    for axis, start, stop, step in zip(axes, starts, stops, steps):
-        index[axis] = slice(start, stop, step)
-    return tuple(index)
-
-
-def windows(x: np.ndarray, window, stride, dilation) -> np.ndarray:
-    """``(N, C, *out, *window)`` view of every (strided, dilated) window of ``x``."""
-    dims = len(window)
-    span = tuple((k - 1) * d + 1 for k, d in zip(window, dilation))
-    view = sliding_window_view(x, span, axis=tuple(range(2, 2 + dims)))
-    index = (slice(None), slice(None)) + tuple(slice(None, None, s) for s in stride) \
-        + tuple(slice(None, None, d) for d in dilation)
-    return view[index]
-
-
-def conv_padding(padding, spatial, kernel, stride, dilation) -> list[tuple[int, int]]:
-    """Explicit ``(before, after)`` pads per spatial dim from any ``padding`` spelling."""
-    dims = len(spatial)
-    stride, dilation = _tuple(stride, dims), _tuple(dilation, dims)
-    if isinstance(padding, str):
-        if padding.lower() == "valid":
-            return [(0, 0)] * dims
-        if padding.lower() != "same":
-            raise UnsupportedOp(message("Unknown padding", received=padding,
-                                        choices=["valid", "same", "an int", "(before, after) pairs"]))
-        pads = []
-        for size, k, s, d in zip(spatial, kernel, stride, dilation):
-            out = -(-size // s)
-            total = max((out - 1) * s + (k - 1) * d + 1 - size, 0)
-            pads.append((total // 2, total - total // 2))
-        return pads
-    if isinstance(padding, int):
-        return [(padding, padding)] * dims
-    padding = list(padding)
-    if all(isinstance(p, int) for p in padding):
-        return [(p, p) for p in padding]
-    return [tuple(int(v) for v in p) for p in padding]
-
-
-def pool_padding(padding, spatial, window, stride, dilation, ceil_mode) -> list[tuple[int, int]]:
-    """Pads for pooling; ``ceil_mode`` adds to the end so a last partial window exists,
-    but only when that window starts inside the input or the left padding (PyTorch's rule)."""
-    pads = conv_padding(padding, spatial, window, stride, dilation)
-    if not ceil_mode:
-        return pads
-    out = []
-    for size, (before, after), k, s, d in zip(spatial, pads, window, stride, dilation):
-        span = (k - 1) * d + 1
-        length = size + before + after - span
-        count = -(-length // s) + 1
-        if (count - 1) * s >= size + before:
-            count -= 1
-        out.append((before, max(after, (count - 1) * s + span - size - before)))
-    return out
-
-
-def pool_counts(spatial, pads, window, stride, count_include_pad, padding) -> np.ndarray:
-    """How many elements each average-pool window divides by, shaped ``(*out)``."""
-    dims = len(spatial)
-    ones = np.ones((1, 1, *spatial))
-    if count_include_pad:
-        # the declared padding counts; padding added only by ceil_mode does not
-        declared = conv_padding(padding, spatial, window, stride, (1,) * dims)
-        ones = np.pad(ones, [(0, 0), (0, 0), *declared], constant_values=1)
-        extra = [(b - db, a - da) for (b, a), (db, da) in zip(pads, declared)]
-        ones = np.pad(ones, [(0, 0), (0, 0), *extra])
-    else:
-        ones = np.pad(ones, [(0, 0), (0, 0), *pads])
-    return windows(ones, window, stride, (1,) * dims).sum(axis=tuple(range(-dims, 0)))[0, 0]
-

@@ -1,14 +1,18 @@
 """The PyTorch backend. Importing this package imports torch."""
 
 from xdevice.backends.base import Backend
+from xdevice.backends.torch.autodiff import Autodiff
 from xdevice.backends.torch.devices import Devices
 from xdevice.backends.torch.memory import Memory
+from xdevice.backends.torch.native import Native
+from xdevice.backends.torch.ops import TorchOps
 from xdevice.backends.torch.placement import Placement
 
 __all__ = ["TorchBackend"]
 
 
-class TorchBackend(Devices, Memory, Placement, Backend):
+class TorchBackend(Devices, Memory, Placement, Autodiff, Native, Backend):
     name = "torch"
     title = "PyTorch"
     supports_memory_limit = True
+    ops = TorchOps()

@@ -10,6 +10,8 @@ import torch
 from xdevice._device import Device, device
 from xdevice.backends._common import bfloat16_dtype, is_numpy_bfloat16
 
+__all__ = ["Placement", "host_array"]
+
 
 class Placement:
     def is_array(self, x: Any) -> bool:
@@ -33,10 +35,16 @@ class Placement:
         return int(x.data_ptr())
 
     def to_numpy(self, x: Any) -> Any:
-        x = x.detach().cpu()
-        if x.dtype == torch.bfloat16:  # numpy has no bfloat16 of its own; ml_dtypes adds it
-            return x.view(torch.int16).numpy().view(bfloat16_dtype())
-        return x.numpy()
+        return host_array(x)
 
     def zeros(self, shape: tuple[int, ...], dtype: str = "float32") -> Any:
         return torch.zeros(shape, dtype=getattr(torch, dtype))
+
+
+def host_array(x: torch.Tensor, copy: bool = False) -> Any:
+    """``x`` as a numpy array on the host, detached; a copy when asked or when ``x`` is
+    off the CPU (otherwise it shares the tensor's memory)."""
+    x = x.detach().to("cpu", copy=copy)
+    if x.dtype == torch.bfloat16:  # numpy has no bfloat16 of its own; ml_dtypes adds it
+        return x.view(torch.int16).numpy().view(bfloat16_dtype())
+    return x.numpy()

@@ -42,9 +42,10 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "gpu: needs an NVIDIA GPU; skipped without one")
     config.addinivalue_line("markers", "multi_device: runs on several (virtual CPU) devices")
     config.addinivalue_line("markers", "slow: takes more than a few seconds")
+    selected = selected_backends(config)  # a typo is a usage error before any collection
     count = config.getini("xdevice_cpu_devices")
     if count:
-        selected = [name for name in selected_backends(config) if name != "numpy"]
+        selected = [name for name in selected if name != "numpy"]
         xdevice.configure(cpu_devices=int(count), backends=selected)
 
 

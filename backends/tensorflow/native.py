@@ -1,0 +1,42 @@
+"""A zoo model as a ``tf.Module``: one ``tf.Variable`` per canonical name."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import tensorflow as tf
+
+from xdevice._device import device
+from xdevice.backends._functional import forward
+
+
+class ZooModule(tf.Module):
+    """A zoo model as a TensorFlow module; buffers are non-trainable variables.
+
+    ``module(x, training=True)`` normalises with batch statistics and assigns the new running
+    statistics to the buffer variables, as a Keras ``BatchNormalization`` layer does.
+    """
+
+    def __init__(self, name: str, spec: dict, apply, ops, params: dict[str, Any], trainable: list[str]):
+        super().__init__(name=name)
+        self.model_name, self.spec = name, spec
+        self._zoo_apply, self._zoo_ops = apply, ops
+        self.weights = {key: tf.Variable(value, trainable=key in trainable, name=key)
+                        for key, value in params.items()}
+
+    def __call__(self, x: Any, training: bool = False) -> Any:
+        y, updates = forward(self._zoo_apply, self._zoo_ops, dict(self.weights), x, training)
+        for key, value in updates.items():
+            self.weights[key].assign(value)
+        return y
+
+
+class Native:
+    def to_native(self, name: str, spec: dict, apply, params: dict[str, Any], trainable: list[str]) -> Any:
+        return ZooModule(name, spec, apply, self.ops, params, trainable)
+
+    def from_native(self, native: Any):
+        if not isinstance(native, ZooModule):
+            return None
+        arrays = {key: variable.numpy() for key, variable in native.weights.items()}
+        return native.model_name, native.spec, arrays, device(next(iter(native.weights.values())).device)

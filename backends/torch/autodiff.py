@@ -1,0 +1,32 @@
+"""Gradients through torch autograd; ``jit`` is the identity because torch runs eagerly."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from xdevice._errors import XDeviceError, message
+
+
+class Autodiff:
+    def value_and_grad(self, fn: Callable[..., Any], params: dict[str, Any], *args: Any
+                       ) -> tuple[Any, dict[str, Any]]:
+        # fresh leaves: the caller's tensors keep their own requires_grad and .grad untouched
+        leaves = {name: self.ops.asarray(value).detach() for name, value in params.items()}
+        for leaf in leaves.values():
+            leaf.requires_grad_(leaf.is_floating_point() or leaf.is_complex())  # ints get zeros
+        with torch.enable_grad():  # a caller's no_grad must not silence the gradient
+            out = fn(leaves, *args)
+        if not isinstance(out, torch.Tensor) or not out.requires_grad:  # params not used at all
+            return out, {name: torch.zeros_like(leaf) for name, leaf in leaves.items()}
+        if out.numel() != 1:
+            raise XDeviceError(message("value_and_grad needs a scalar", received=f"shape {tuple(out.shape)}"))
+        wanted = [name for name, leaf in leaves.items() if leaf.requires_grad]
+        grads = dict(zip(wanted, torch.autograd.grad(out, [leaves[n] for n in wanted], allow_unused=True)))
+        return out.detach(), {name: torch.zeros_like(leaf) if grads.get(name) is None else grads[name]
+                              for name, leaf in leaves.items()}
+
+    def jit(self, fn: Callable[..., Any]) -> Callable[..., Any]:
+        return fn

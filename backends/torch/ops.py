@@ -1,0 +1,563 @@
+"""PyTorch's implementation of the op set: the primitives, and native fused composites.
+
+The composites that dominate model time (softmax, normalisation, attention, dense layers,
+recurrent layers, cross-entropy) are overridden with torch's own fused kernels, so models
+written against the op set run as fast as hand-written torch; the op tests hold each one
+to the numpy reference. Padding spellings and the pooling ``ceil_mode`` rule are resolved
+by the reference's own helpers, so the two backends cannot drift apart.
+"""
+
+from __future__ import annotations
+
+import builtins
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from xdevice._errors import UnsupportedOp, message
+from xdevice.backends._shapes import as_tuple, conv_padding, pool_counts, pool_padding
+from xdevice.backends.opset import DTYPES, Array, Ops
+from xdevice.backends.torch.placement import host_array
+
+__all__ = ["TorchOps"]
+
+_DTYPES = {name: getattr(torch, name) for name in DTYPES}
+_CONV = {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}
+_MAX_POOL = {1: F.max_pool1d, 2: F.max_pool2d, 3: F.max_pool3d}
+_AVG_POOL = {1: F.avg_pool1d, 2: F.avg_pool2d, 3: F.avg_pool3d}
+
+
+class TorchOps(Ops):
+    name = "torch"
+    key_dtype = "int64"  # torch's uint32 lacks most arithmetic and bitwise kernels
+
+    # -- arrays ---------------------------------------------------------------------------
+
+    def asarray(self, x: Any, dtype: str | None = None) -> Array:
+        want = _DTYPES[dtype] if dtype else None
+        if isinstance(x, torch.Tensor):
+            return x if want is None or x.dtype == want else x.to(want)
+        if isinstance(x, np.ndarray):
+            if not x.flags.writeable:  # torch would share (and could write) read-only memory
+                x = x.copy()
+            if x.dtype.name == "bfloat16":  # ml_dtypes' type: torch reads its bits as int16
+                return self.asarray(torch.as_tensor(x.view(np.int16)).view(torch.bfloat16), dtype)
+        return torch.as_tensor(x, dtype=want)  # as_tensor follows the default-device context
+
+    def to_numpy(self, x: Array) -> Any:
+        return host_array(x, copy=True) if isinstance(x, torch.Tensor) else np.array(x)
+
+    def shape(self, x: Array) -> tuple[int, ...]:
+        return tuple(int(d) for d in x.shape) if isinstance(x, torch.Tensor) else np.shape(x)
+
+    def dtype(self, x: Array) -> str:
+        return str(x.dtype).removeprefix("torch.")
+
+    def cast(self, x: Array, dtype: str) -> Array:
+        return self.asarray(x, dtype)
+
+    def zeros(self, shape: Sequence[int], dtype: str = "float32") -> Array:
+        return torch.zeros(tuple(shape), dtype=_DTYPES[dtype])
+
+    def ones(self, shape: Sequence[int], dtype: str = "float32") -> Array:
+        return torch.ones(tuple(shape), dtype=_DTYPES[dtype])
+
+    def full(self, shape: Sequence[int], value: float, dtype: str = "float32") -> Array:
+        return torch.full(tuple(shape), value, dtype=_DTYPES[dtype])
+
+    def arange(self, start: int, stop: int | None = None, step: int = 1, dtype: str = "int32") -> Array:
+        if stop is None:
+            start, stop = 0, start
+        return torch.arange(start, stop, step, dtype=_DTYPES[dtype])
+
+    # -- elementwise ----------------------------------------------------------------------
+
+    def negative(self, x: Array) -> Array:
+        return torch.neg(x)
+
+    def abs(self, x: Array) -> Array:
+        return torch.abs(x)
+
+    def sign(self, x: Array) -> Array:
+        return torch.sign(x)
+
+    def exp(self, x: Array) -> Array:
+        return torch.exp(x)
+
+    def log(self, x: Array) -> Array:
+        return torch.log(x)
+
+    def sqrt(self, x: Array) -> Array:
+        return torch.sqrt(x)
+
+    def sin(self, x: Array) -> Array:
+        return torch.sin(x)
+
+    def cos(self, x: Array) -> Array:
+        return torch.cos(x)
+
+    def tan(self, x: Array) -> Array:
+        return torch.tan(x)
+
+    def tanh(self, x: Array) -> Array:
+        return torch.tanh(x)
+
+    def sigmoid(self, x: Array) -> Array:
+        return torch.sigmoid(x)
+
+    def erf(self, x: Array) -> Array:
+        return torch.erf(x)
+
+    def floor(self, x: Array) -> Array:
+        return torch.floor(x)
+
+    def ceil(self, x: Array) -> Array:
+        return torch.ceil(x)
+
+    def round(self, x: Array) -> Array:
+        return torch.round(x)  # half to even, as numpy
+
+    def relu(self, x: Array) -> Array:
+        return torch.relu(x)
+
+    def logical_not(self, x: Array) -> Array:
+        return torch.logical_not(x)
+
+    def isnan(self, x: Array) -> Array:
+        return torch.isnan(x)
+
+    def isinf(self, x: Array) -> Array:
+        return torch.isinf(x)
+
+    def stop_gradient(self, x: Array) -> Array:
+        return x.detach() if isinstance(x, torch.Tensor) else x
+
+    def gelu(self, x: Array, approximate: bool = False) -> Array:
+        return F.gelu(x, approximate="tanh" if approximate else "none")
+
+    # Python operators accept a number on either side (torch.sub(1.0, t) does not), and
+    # torch treats such a number as weak, as numpy's NEP 50 does.
+    def add(self, x: Array, y: Array) -> Array:
+        return x + y
+
+    def subtract(self, x: Array, y: Array) -> Array:
+        return x - y
+
+    def multiply(self, x: Array, y: Array) -> Array:
+        return x * y
+
+    def divide(self, x: Array, y: Array) -> Array:
+        return x / y
+
+    def power(self, x: Array, y: Array) -> Array:
+        return x ** y
+
+    def maximum(self, x: Array, y: Array) -> Array:
+        return torch.maximum(*_tensors(x, y))
+
+    def minimum(self, x: Array, y: Array) -> Array:
+        return torch.minimum(*_tensors(x, y))
+
+    def mod(self, x: Array, y: Array) -> Array:
+        return x % y  # torch.remainder: the sign of the divisor
+
+    def floor_divide(self, x: Array, y: Array) -> Array:
+        return x // y
+
+    def logical_and(self, x: Array, y: Array) -> Array:
+        return torch.logical_and(*_tensors(x, y))
+
+    def logical_or(self, x: Array, y: Array) -> Array:
+        return torch.logical_or(*_tensors(x, y))
+
+    def logical_xor(self, x: Array, y: Array) -> Array:
+        return torch.logical_xor(*_tensors(x, y))
+
+    def bitwise_and(self, x: Array, y: Array) -> Array:
+        return x & y
+
+    def bitwise_or(self, x: Array, y: Array) -> Array:
+        return x | y
+
+    def bitwise_xor(self, x: Array, y: Array) -> Array:
+        return x ^ y
+
+    def left_shift(self, x: Array, y: Array) -> Array:
+        return x << y
+
+    def right_shift(self, x: Array, y: Array) -> Array:
+        return x >> y
+
+    def equal(self, x: Array, y: Array) -> Array:
+        return x == y
+
+    def not_equal(self, x: Array, y: Array) -> Array:
+        return x != y
+
+    def less(self, x: Array, y: Array) -> Array:
+        return x < y
+
+    def less_equal(self, x: Array, y: Array) -> Array:
+        return x <= y
+
+    def greater(self, x: Array, y: Array) -> Array:
+        return x > y
+
+    def greater_equal(self, x: Array, y: Array) -> Array:
+        return x >= y
+
+    def where(self, condition: Array, x: Array, y: Array) -> Array:
+        condition = self.asarray(condition)
+        return torch.where(condition if condition.dtype == torch.bool else condition != 0, x, y)
+
+    # -- linear algebra -------------------------------------------------------------------
+
+    def matmul(self, a: Array, b: Array) -> Array:
+        return torch.matmul(*_promoted(a, b))
+
+    def einsum(self, equation: str, *operands: Array) -> Array:
+        return torch.einsum(equation, *_promoted(*operands))
+
+    # -- reductions -----------------------------------------------------------------------
+
+    def sum(self, x: Array, axis: int | Sequence[int] | None = None, keepdims: bool = False) -> Array:
+        return torch.sum(x, dim=_dims(axis), keepdim=keepdims)
+
+    def mean(self, x: Array, axis: int | Sequence[int] | None = None, keepdims: bool = False) -> Array:
+        return torch.mean(_floating(x), dim=_dims(axis), keepdim=keepdims)
+
+    def max(self, x: Array, axis: int | Sequence[int] | None = None, keepdims: bool = False) -> Array:
+        # amax, not max: its gradient splits evenly between tied maxima, as the reference does
+        return torch.amax(x, dim=_dims(axis, every=()), keepdim=keepdims)
+
+    def min(self, x: Array, axis: int | Sequence[int] | None = None, keepdims: bool = False) -> Array:
+        return torch.amin(x, dim=_dims(axis, every=()), keepdim=keepdims)
+
+    def prod(self, x: Array, axis: int | Sequence[int] | None = None, keepdims: bool = False) -> Array:
+        if axis is None:
+            out = torch.prod(x)
+            return out.reshape((1,) * x.dim()) if keepdims else out
+        # torch.prod reduces one axis at a time; go from the last so the others keep their place
+        for a in sorted((d % x.dim() for d in np.atleast_1d(axis).tolist()), reverse=True):
+            x = torch.prod(x, dim=a, keepdim=keepdims)
+        return x
+
+    def argmax(self, x: Array, axis: int, keepdims: bool = False) -> Array:
+        return torch.argmax(x, dim=axis, keepdim=keepdims)
+
+    def argmin(self, x: Array, axis: int, keepdims: bool = False) -> Array:
+        return torch.argmin(x, dim=axis, keepdim=keepdims)
+
+    def cumsum(self, x: Array, axis: int) -> Array:
+        return torch.cumsum(x, dim=axis)
+
+    # -- shape ----------------------------------------------------------------------------
+
+    def reshape(self, x: Array, shape: Sequence[int]) -> Array:
+        return torch.reshape(x, tuple(shape))
+
+    def transpose(self, x: Array, axes: Sequence[int] | None = None) -> Array:
+        return x.permute(tuple(range(x.dim() - 1, -1, -1)) if axes is None else tuple(axes))
+
+    def expand_dims(self, x: Array, axis: int) -> Array:
+        return torch.unsqueeze(x, axis)
+
+    def squeeze(self, x: Array, axis: int | Sequence[int] | None = None) -> Array:
+        return torch.squeeze(x) if axis is None else torch.squeeze(x, _axes(axis))
+
+    def broadcast_to(self, x: Array, shape: Sequence[int]) -> Array:
+        return torch.broadcast_to(x, tuple(shape))
+
+    def concat(self, xs: Sequence[Array], axis: int = 0) -> Array:
+        return torch.cat(list(xs), dim=axis)
+
+    def stack(self, xs: Sequence[Array], axis: int = 0) -> Array:
+        return torch.stack(list(xs), dim=axis)
+
+    def split(self, x: Array, sections: int | Sequence[int], axis: int = 0) -> list[Array]:
+        sizes = x.shape[axis] // sections if isinstance(sections, int) else [int(s) for s in sections]
+        return list(torch.split(x, sizes, dim=axis))
+
+    def slice(self, x: Array, starts: Sequence[int], stops: Sequence[int],
+              axes: Sequence[int] | None = None, steps: Sequence[int] | None = None) -> Array:
+        index = [builtins.slice(None)] * x.dim()
+        flipped = []  # torch slices only forward: take the same elements ascending, then flip
+        axes = range(len(starts)) if axes is None else axes
+        steps = [1] * len(starts) if steps is None else steps
+        for axis, start, stop, step in zip(axes, starts, stops, steps):
+            picked = range(*builtins.slice(start, stop, step).indices(x.shape[axis]))
+            if step > 0:
+                index[axis] = builtins.slice(picked.start, picked.stop, step)
+            else:
+                index[axis] = builtins.slice(picked[-1], picked[0] + 1, -step) if picked else builtins.slice(0)
+                flipped.append(axis)
+        out = x[tuple(index)]
+        return torch.flip(out, flipped) if flipped else out
+
+    def take(self, x: Array, indices: Array | int, axis: int = 0) -> Array:
+        if isinstance(indices, (int, np.integer)):
+            return torch.select(x, axis, int(indices))
+        # one advanced index: numpy's take, with negative indices wrapping
+        indices = torch.as_tensor(indices, device=x.device)
+        return x[(builtins.slice(None),) * (axis % x.dim()) + (indices,)]
+
+    def take_along_axis(self, x: Array, indices: Array, axis: int) -> Array:
+        indices = torch.as_tensor(indices, device=x.device).long()  # gather wants int64
+        return torch.take_along_dim(x, torch.where(indices < 0, indices + x.shape[axis], indices), dim=axis)
+
+    def pad(self, x: Array, pad_width: Sequence[tuple[int, int]], mode: str = "constant",
+            value: float = 0) -> Array:
+        pad_width = [tuple(p) for p in pad_width]
+        if mode == "constant":
+            return F.pad(x, _flat_pads(pad_width), value=value)
+        if mode not in ("reflect", "edge"):
+            raise UnsupportedOp(message("Unknown pad mode", received=mode,
+                                        choices=["constant", "reflect", "edge"]))
+        # F.pad's reflect/replicate only pad the trailing dims of batched inputs; gathering
+        # source indices axis by axis works for any rank and any width (as numpy does)
+        for axis, (before, after) in enumerate(pad_width):
+            if before or after:
+                x = torch.index_select(x, axis, _pad_source(x.shape[axis], before, after, mode, x.device))
+        return x
+
+    def flip(self, x: Array, axis: int | Sequence[int]) -> Array:
+        return torch.flip(x, _axes(axis))
+
+    def tile(self, x: Array, reps: Sequence[int]) -> Array:
+        return torch.tile(x, tuple(reps))
+
+    # -- neural network -------------------------------------------------------------------
+
+    def conv(self, x: Array, w: Array, b: Array | None = None, stride: int | Sequence[int] = 1,
+             padding: Any = 0, dilation: int | Sequence[int] = 1, groups: int = 1) -> Array:
+        dims = w.dim() - 2
+        pads = conv_padding(padding, x.shape[2:], w.shape[2:], stride, dilation)
+        x, pads = _symmetric(x, pads)
+        return _CONV[dims](x, w, b, as_tuple(stride, dims), pads, as_tuple(dilation, dims), groups)
+
+    def max_pool(self, x: Array, window: int | Sequence[int], stride: int | Sequence[int] | None = None,
+                 padding: Any = 0, dilation: int | Sequence[int] = 1, ceil_mode: bool = False) -> Array:
+        dims = x.dim() - 2
+        window, dilation = as_tuple(window, dims), as_tuple(dilation, dims)
+        stride = as_tuple(stride or window, dims)
+        pads = conv_padding(padding, x.shape[2:], window, stride, dilation)
+        if _native_pool_pads(pads, window):  # torch's own ceil_mode rule is the reference's
+            return _MAX_POOL[dims](x, window, stride, [p for p, _ in pads], dilation, ceil_mode)
+        pads = pool_padding(padding, x.shape[2:], window, stride, dilation, ceil_mode)
+        return _MAX_POOL[dims](F.pad(x, _flat_pads(pads), value=-math.inf), window, stride, 0, dilation)
+
+    def avg_pool(self, x: Array, window: int | Sequence[int], stride: int | Sequence[int] | None = None,
+                 padding: Any = 0, count_include_pad: bool = False, ceil_mode: bool = False) -> Array:
+        dims = x.dim() - 2
+        window = as_tuple(window, dims)
+        stride = as_tuple(stride or window, dims)
+        ones = (1,) * dims
+        pads = conv_padding(padding, x.shape[2:], window, stride, ones)
+        if _native_pool_pads(pads, window):  # torch counts (declared padding only) as the reference
+            return _AVG_POOL[dims](x, window, stride, [p for p, _ in pads], ceil_mode, count_include_pad)
+        # padding torch cannot express: window sums over explicit zero padding, divided by
+        # the reference's own counts
+        pads = pool_padding(padding, x.shape[2:], window, stride, ones, ceil_mode)
+        sums = _AVG_POOL[dims](F.pad(x, _flat_pads(pads)), window, stride, 0, False, True) * math.prod(window)
+        counts = pool_counts(tuple(x.shape[2:]), pads, window, stride, count_include_pad, padding)
+        return sums / torch.as_tensor(counts, dtype=x.dtype, device=x.device)
+
+    # -- composites overridden with torch's fused kernels -------------------------------------
+
+    def square(self, x: Array) -> Array:
+        return torch.square(x)
+
+    def reciprocal(self, x: Array) -> Array:
+        return torch.reciprocal(x)
+
+    def rsqrt(self, x: Array) -> Array:
+        return torch.rsqrt(x)
+
+    def softplus(self, x: Array) -> Array:
+        return F.softplus(x)
+
+    def clip(self, x: Array, low: float | None = None, high: float | None = None) -> Array:
+        return x if low is None and high is None else torch.clamp(x, low, high)
+
+    def var(self, x: Array, axis: int | Sequence[int] | None = None, keepdims: bool = False,
+            correction: int = 0) -> Array:
+        return torch.var(_floating(x), dim=_dims(axis), correction=correction, keepdim=keepdims)
+
+    def logsumexp(self, x: Array, axis: int = -1, keepdims: bool = False) -> Array:
+        return torch.logsumexp(x, dim=axis, keepdim=keepdims)
+
+    def softmax(self, x: Array, axis: int = -1) -> Array:
+        return torch.softmax(x, dim=axis)
+
+    def log_softmax(self, x: Array, axis: int = -1) -> Array:
+        return torch.log_softmax(x, dim=axis)
+
+    def linear(self, x: Array, w: Array, b: Array | None = None) -> Array:
+        return F.linear(x, w.t(), b)  # F.linear wants (out, in); the transpose is a free view
+
+    def layer_norm(self, x: Array, scale: Array | None, offset: Array | None, axis: int = -1,
+                   eps: float = 1e-5) -> Array:
+        normalised = x.shape[axis % x.dim():]
+        if any(p is not None and p.shape != normalised for p in (scale, offset)):
+            return super().layer_norm(x, scale, offset, axis, eps)  # merely broadcastable affine
+        return F.layer_norm(x, normalised, scale, offset, eps)
+
+    def batch_norm(self, x: Array, scale: Array, offset: Array, mean: Array, var: Array,
+                   eps: float = 1e-5) -> Array:
+        if mean.requires_grad or var.requires_grad:  # aten's kernel treats them as constants
+            return super().batch_norm(x, scale, offset, mean, var, eps)
+        return F.batch_norm(x, mean, var, scale, offset, training=False, eps=eps)
+
+    def batch_norm_train(self, x: Array, scale: Array, offset: Array, eps: float = 1e-5
+                         ) -> tuple[Array, Array, Array]:
+        # One fused pass normalises (differentiating y through the statistics) and, with
+        # momentum 1, leaves the exact batch mean and unbiased variance in the "running"
+        # buffers; _BatchStats then gives those statistics their own gradient. (torch.var_mean
+        # over N and the spatial axes would cost more than the normalisation itself.)
+        mean, var = torch.zeros_like(scale), torch.ones_like(scale)
+        y = F.batch_norm(x, mean, var, scale, offset, training=True, momentum=1.0, eps=eps)
+        count = x.numel() // x.shape[1]
+        return y, *_BatchStats.apply(x, mean, var * ((count - 1) / count))
+
+    def attention(self, q: Array, k: Array, v: Array, mask: Array | None = None,
+                  scale: float | None = None) -> Array:
+        if mask is not None:
+            # The reference gives a fully masked row equal scores: it attends uniformly, with
+            # no gradient to q or k (torch's kernels give zeros or NaN). A zero query row with
+            # every key allowed is exactly that. On the CPU, seeing that no row is fully masked
+            # costs nothing; on an accelerator it would stall, so the fix always runs there.
+            mask = self.asarray(mask, "bool")
+            attends = mask.any(dim=-1, keepdim=True)
+            if mask.device.type != "cpu" or not bool(attends.all()):
+                q, mask = torch.where(attends, q, 0.0), mask | ~attends
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
+
+    def lstm_cell(self, x: Array, h: Array, c: Array, w_ih: Array, w_hh: Array, b: Array
+                  ) -> tuple[Array, Array]:
+        if x.dim() != 2:  # torch's cell takes one batch axis
+            return super().lstm_cell(x, h, c, w_ih, w_hh, b)
+        return torch.lstm_cell(x, (h, c), w_ih.t(), w_hh.t(), b)
+
+    def lstm(self, x: Array, h: Array, c: Array, w_ih: Array, w_hh: Array, b: Array
+             ) -> tuple[Array, Array, Array]:
+        # torch's LSTM keeps two biases; ours is their sum, so the second is zero
+        params = (w_ih.t(), w_hh.t(), b, torch.zeros_like(b))
+        out, h, c = torch.lstm(x, (h[None], c[None]), params, *_rnn_flags())
+        return out, h[0], c[0]
+
+    def gru_cell(self, x: Array, h: Array, w_ih: Array, w_hh: Array, b_ih: Array, b_hh: Array) -> Array:
+        if x.dim() != 2:
+            return super().gru_cell(x, h, w_ih, w_hh, b_ih, b_hh)
+        return torch.gru_cell(x, h, w_ih.t(), w_hh.t(), b_ih, b_hh)
+
+    def gru(self, x: Array, h: Array, w_ih: Array, w_hh: Array, b_ih: Array, b_hh: Array
+            ) -> tuple[Array, Array]:
+        # torch's GRU has the reference's equations, b_hn inside the reset gate included
+        params = (w_ih.t(), w_hh.t(), b_ih, b_hh)
+        out, h = torch.gru(x, h[None], params, *_rnn_flags())
+        return out, h[0]
+
+    def cross_entropy(self, logits: Array, labels: Array) -> Array:
+        return F.cross_entropy(logits, torch.as_tensor(labels, device=logits.device).long())
+
+
+class _BatchStats(torch.autograd.Function):
+    """A batch's per-channel mean and biased variance, already computed, with their exact
+    gradient: ``d mean / dx = 1/n`` and ``d var / dx = 2 (x - mean) / n``."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, mean: torch.Tensor, var: torch.Tensor) -> tuple:
+        ctx.save_for_backward(x, mean)  # x is saved by the normalisation anyway: no new memory
+        return mean.clone(), var.clone()
+
+    @staticmethod
+    def backward(ctx: Any, grad_mean: torch.Tensor, grad_var: torch.Tensor) -> tuple:
+        x, mean = ctx.saved_tensors
+        shape = (1, -1) + (1,) * (x.dim() - 2)
+        grad = grad_mean.reshape(shape) + 2 * grad_var.reshape(shape) * (x - mean.reshape(shape))
+        return grad * (x.shape[1] / x.numel()), None, None
+
+
+# -- helpers ----------------------------------------------------------------------------------
+
+def _rnn_flags() -> tuple:
+    """torch.lstm / torch.gru's ``has_biases, num_layers, dropout, train, bidirectional,
+    batch_first`` for one batch-first layer; ``train`` makes cuDNN keep what its backward
+    needs, so it is on exactly when a gradient may be taken."""
+    return True, 1, 0.0, torch.is_grad_enabled(), False, True
+
+
+def _axes(axis: int | Sequence[int]) -> int | tuple[int, ...]:
+    return axis if isinstance(axis, int) else tuple(axis)
+
+
+def _dims(axis: int | Sequence[int] | None, every: Any = None) -> Any:
+    """A reduction's ``dim``: ``every`` (what the torch function takes for all axes) for None."""
+    return every if axis is None else _axes(axis)
+
+
+def _floating(x: torch.Tensor) -> torch.Tensor:
+    """Integers as the default float (numpy's mean and var of ints are floats too)."""
+    return x if x.is_floating_point() else x.to(torch.get_default_dtype())
+
+
+def _kind(x: Any) -> int:
+    """numpy's kind order for promotion: bool < integer < floating."""
+    if isinstance(x, torch.Tensor):
+        return 0 if x.dtype == torch.bool else 2 if x.is_floating_point() or x.is_complex() else 1
+    return 0 if isinstance(x, bool) else 1 if isinstance(x, int) else 2
+
+
+def _tensors(x: Any, y: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    """Both inputs as tensors for functions that want two. A Python number takes the other
+    input's dtype unless it is of a higher kind (NEP 50), so float64 keeps full precision."""
+    if not isinstance(x, torch.Tensor):
+        return _scalar(x, y), y
+    return x, y if isinstance(y, torch.Tensor) else _scalar(y, x)
+
+
+def _scalar(value: Any, other: Any) -> torch.Tensor:
+    if not isinstance(other, torch.Tensor):
+        return torch.as_tensor(value)
+    dtype = other.dtype if _kind(value) <= _kind(other) else None
+    return torch.as_tensor(value, dtype=dtype, device=other.device)
+
+
+def _promoted(*xs: torch.Tensor) -> list[torch.Tensor]:
+    """Inputs in their common dtype: torch's matmul refuses mixed dtypes, numpy promotes."""
+    common = xs[0].dtype
+    for x in xs[1:]:
+        common = torch.promote_types(common, x.dtype)
+    return [x.to(common) for x in xs]
+
+
+def _flat_pads(pads: Sequence[tuple[int, int]]) -> list[int]:
+    """``(before, after)`` per leading axis as F.pad wants them: last axis first, flat."""
+    return [v for pair in reversed(pads) for v in pair]
+
+
+def _symmetric(x: torch.Tensor, pads: list[tuple[int, int]]) -> tuple[torch.Tensor, list[int]]:
+    """``x`` and one pad per spatial dim for a kernel that pads both sides equally: uneven
+    pads are applied to ``x`` here, and the kernel then pads nothing."""
+    if all(before == after for before, after in pads):
+        return x, [before for before, _ in pads]
+    return F.pad(x, _flat_pads(pads)), [0] * len(pads)
+
+
+def _native_pool_pads(pads: list[tuple[int, int]], window: tuple[int, ...]) -> bool:
+    """Whether torch's pooling takes these pads itself: symmetric, at most half the window."""
+    return all(before == after <= k // 2 for (before, after), k in zip(pads, window))
+
+
+def _pad_source(size: int, before: int, after: int, mode: str, device: torch.device) -> torch.Tensor:
+    """For each position of a padded axis, the index of the element it copies."""
+    index = torch.arange(-before, size + after, device=device)
+    if mode == "edge" or size == 1:
+        return index.clamp(0, size - 1)
+    period = 2 * (size - 1)  # reflect: a triangle wave over 0..size-1, repeated as numpy does
+    index = index.abs() % period
+    return torch.where(index < size, index, period - index)

@@ -1,0 +1,253 @@
+"""Parity: the same model or function on every backend, measured against numpy in float64.
+
+The reference is the numpy backend run in float64 (its gradients from the numpy tape,
+itself checked against finite differences); each backend runs in the dtype under test and
+is held to that dtype's row of the tolerance table (``xdevice._tolerance``). Nothing is
+compared with itself.
+
+For a zoo model, parity checks the output in inference mode; in training mode the output
+and the updated buffers (batch-norm statistics); and with ``grads=True`` the gradient of
+a cross-entropy loss in training mode with respect to every trainable parameter.
+
+Gradients jump at kinks: a ReLU input at 0, a tie in a max. An input that close to a kink
+can fall on the other side in another framework's float32 rounding and legitimately change
+a gradient by a discrete amount. So the numpy reference measures how close the inputs come
+(relative to their scale); ``parity`` draws example inputs that stay ``KINK_MARGIN`` clear,
+and when given inputs do not, failing gradient rows say so.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from xdevice import _registry
+from xdevice._errors import ParityError, message
+from xdevice._tolerance import TOLERANCES, compare
+
+__all__ = ["ParityRow", "ParityReport", "parity", "assert_parity", "compare_tensors", "KINK_MARGIN"]
+
+#: Closest relative approach to a kink that float32 rounding (about 1e-7 relative per
+#: operation, compounding over a network) cannot cross.
+KINK_MARGIN = 1e-6
+_DRAWS = 32
+
+
+@dataclasses.dataclass(frozen=True)
+class ParityRow:
+    """One tensor of one backend against the reference."""
+
+    subject: str
+    backend: str
+    tensor: str
+    max_abs: float
+    max_rel: float
+    worst_index: tuple[int, ...]
+    actual: float
+    expected: float
+    ok: bool
+    note: str = ""
+
+    def describe(self) -> str:
+        return (f"{self.subject}: backend {self.backend!r}, tensor {self.tensor!r}: worst at index "
+                f"{self.worst_index}: {self.actual!r} vs reference {self.expected!r} "
+                f"(max abs {self.max_abs:.3g}, max rel {self.max_rel:.3g})" + (f"; {self.note}" if self.note else ""))
+
+
+class ParityReport(list):
+    """Rows of a parity run; ``ok`` when every row is within tolerance."""
+
+    def __init__(self, rows=(), dtype: str = "float32"):
+        super().__init__(rows)
+        self.dtype = dtype
+
+    @property
+    def ok(self) -> bool:
+        return all(row.ok for row in self)
+
+    @property
+    def violations(self) -> list[ParityRow]:
+        return [row for row in self if not row.ok]
+
+    def raise_for_violations(self) -> None:
+        if self.violations:
+            worst = max(self.violations, key=lambda r: r.max_abs)
+            rtol, atol = TOLERANCES[self.dtype]
+            raise ParityError(message(
+                f"{len(self.violations)} tensor(s) differ from the numpy reference beyond the {self.dtype} "
+                f"tolerance (|a - e| <= {atol:g} + {rtol:g} * |e|)", received=worst.describe()))
+
+    def summary(self) -> list[tuple[str, str, int, float, float, bool]]:
+        """One line per (subject, backend): tensors checked, worst abs and rel error, ok."""
+        groups: dict[tuple[str, str], list[ParityRow]] = {}
+        for row in self:
+            groups.setdefault((row.subject, row.backend), []).append(row)
+        return [(s, b, len(rows), max(r.max_abs for r in rows), max(r.max_rel for r in rows),
+                 all(r.ok for r in rows)) for (s, b), rows in groups.items()]
+
+    def __str__(self) -> str:
+        rtol, atol = TOLERANCES[self.dtype]
+        lines = [f"parity against numpy float64, {self.dtype} tolerance |a-e| <= {atol:g} + {rtol:g}*|e|",
+                 f"{'model':<12} {'backend':<11} {'tensors':>7} {'max abs':>10} {'max rel':>10}  ok"]
+        for subject, backend, count, worst_abs, worst_rel, ok in self.summary():
+            lines.append(f"{subject:<12} {backend:<11} {count:>7} {worst_abs:>10.2e} {worst_rel:>10.2e}  "
+                         f"{'yes' if ok else 'NO'}")
+        lines += [f"  violation: {row.describe()}" for row in self.violations[:10]]
+        return "\n".join(lines)
+
+    def to_markdown(self) -> str:
+        lines = ["| model | backend | tensors | max abs | max rel | ok |", "|---|---|---:|---:|---:|---|"]
+        for subject, backend, count, worst_abs, worst_rel, ok in self.summary():
+            lines.append(f"| {subject} | {backend} | {count} | {worst_abs:.2e} | {worst_rel:.2e} | "
+                         f"{'yes' if ok else '**no**'} |")
+        return "\n".join(lines)
+
+    def to_json(self) -> str:
+        return json.dumps({"dtype": self.dtype, "ok": self.ok,
+                           "rows": [dataclasses.asdict(r) for r in self]}, indent=2)
+
+
+def compare_tensors(subject: str, backend: str, actual: dict[str, Any], expected: dict[str, Any],
+                    dtype: str) -> list[ParityRow]:
+    """Rows for every tensor in ``expected``; a missing or misshapen tensor fails."""
+    rows = []
+    for name, want in expected.items():
+        got = actual.get(name)
+        result = compare(got, want, dtype) if got is not None else None
+        if result is None:
+            rows.append(ParityRow(subject, backend, name, float("inf"), float("inf"), (), float("nan"),
+                                  float("nan"), False))
+        else:
+            rows.append(ParityRow(subject, backend, name, result.max_abs, result.max_rel, result.worst_index,
+                                  result.actual, result.expected, result.ok))
+    return rows
+
+
+def parity(model: Any = "mlp", backends: Sequence[str] | None = None, inputs: Any = None,
+           grads: bool = True, dtype: str = "float32", seed: int = 0, batch: int = 4) -> ParityReport:
+    """Run a zoo model on each backend and compare with the numpy float64 reference.
+
+    Args:
+        model: a zoo name or a ``Model`` (its weights are used).
+        backends: backends to check (default: every installed one, numpy included).
+        inputs: a numpy batch (default: ``model.example_input(batch, seed)``).
+        grads: also compare the gradient of a training loss for every trainable parameter.
+        dtype: the float dtype the backends run in (``float32``, ``float16``, ``bfloat16``).
+
+    Returns:
+        A :class:`ParityReport`; ``report.ok`` says whether every tensor is within tolerance.
+
+    >>> parity("mlp", backends=["numpy"], grads=False).ok  # doctest: +SKIP
+    True
+    """
+    from xdevice import models
+    import numpy as np
+
+    if isinstance(model, str):
+        model = models.build(model, seed=seed)
+    names = list(backends) if backends is not None else _registry.backends()
+    reference = model.to("numpy", dtype="float64")
+    if inputs is None:
+        x, margin = _clear_example(reference, batch, seed)
+    else:
+        x = np.asarray(inputs)
+        margin = _kink_margin(reference, x)
+    note = "" if margin > KINK_MARGIN else (
+        f"the reference input comes within {margin:.1e} (relative) of a kink (ReLU at 0, a tie in a max), "
+        "where float32 rounding may legitimately flip a gradient: try other inputs")
+    labels = np.random.default_rng(seed + 1).integers(0, model.spec["classes"], size=x.shape[0])
+    expected = _zoo_tensors(reference, x, labels, grads)
+    report = ParityReport(dtype=dtype)
+    for name in names:
+        actual = _zoo_tensors(model.to(name, device="cpu", dtype=dtype), x, labels, grads)
+        rows = compare_tensors(model.name, name, actual, expected, dtype)
+        report += [dataclasses.replace(r, note=note) if note and not r.ok and r.tensor.startswith("grad ") else r
+                   for r in rows]
+    return report
+
+
+def _kink_margin(reference, x) -> float:
+    from xdevice.backends.numpy.autodiff import kink_margin
+
+    with kink_margin() as found:
+        reference(x, train=True)
+    return min(found, default=float("inf"))
+
+
+def _clear_example(reference, batch: int, seed: int):
+    """The first example batch from ``seed`` on whose kinks float32 cannot flip a gradient."""
+    margin = 0.0
+    for draw in range(seed, seed + _DRAWS):
+        x = reference.example_input(batch, draw)
+        margin = _kink_margin(reference, x)
+        if margin > KINK_MARGIN:
+            break
+    return x, margin
+
+
+def _zoo_tensors(model, x, labels, grads: bool) -> dict[str, Any]:
+    """Everything parity compares for one model on one backend, as numpy arrays."""
+    backend = _registry.backend(model.backend)
+    ops = backend.ops
+    dtype = ops.dtype(model.params[model.trainable[0]])
+    inputs = ops.asarray(x.astype(dtype) if x.dtype.kind == "f" else x)
+    out = {"output": ops.to_numpy(model.apply(ops, model.params, inputs, train=False))}
+    if model.buffers:
+        y, updates = model.apply(ops, model.params, inputs, train=True)
+        out["output (train)"] = ops.to_numpy(y)
+        out.update({f"{k} (updated)": ops.to_numpy(v) for k, v in updates.items()})
+    if grads:
+        fixed = {k: v for k, v in model.params.items() if k not in model.trainable}
+        target = ops.asarray(labels)
+
+        def loss(trainable):
+            logits, _ = model.apply(ops, {**fixed, **trainable}, inputs, train=True)
+            return ops.cross_entropy(logits, target)
+
+        value, gradients = backend.value_and_grad(loss, {k: model.params[k] for k in model.trainable})
+        out["loss"] = ops.to_numpy(value)
+        out.update({f"grad {k}": ops.to_numpy(g) for k, g in gradients.items()})
+    return out
+
+
+def assert_parity(fn: Callable[..., Any], inputs: Sequence[Any], backends: Sequence[str] | None = None,
+                  dtype: str = "float32", subject: str | None = None) -> ParityReport:
+    """Assert that ``fn(ops, *inputs)`` agrees on every backend with the numpy reference.
+
+    ``fn`` is written once against the op set; ``inputs`` are numpy arrays (floats are given
+    to the reference in float64 and to each backend in ``dtype``). ``fn`` may return one
+    array, a sequence, or a dict of arrays.
+
+    Raises:
+        ParityError: naming the backend, the tensor, the worst index and both values.
+
+    >>> import numpy as np
+    >>> assert_parity(lambda ops, x: ops.softmax(x), [np.ones((2, 3))], backends=["numpy"]).ok
+    True
+    """
+    import numpy as np
+
+    subject = subject or getattr(fn, "__name__", "function")
+    names = list(backends) if backends is not None else _registry.backends()
+
+    def run(name: str, float_dtype: str) -> dict[str, Any]:
+        ops = _registry.backend(name).ops
+        args = [ops.asarray(np.asarray(v).astype(float_dtype)) if np.asarray(v).dtype.kind == "f"
+                else (ops.asarray(v) if isinstance(v, np.ndarray) else v) for v in inputs]
+        result = fn(ops, *args)
+        if isinstance(result, dict):
+            items = result.items()
+        elif isinstance(result, (list, tuple)):
+            items = ((f"output {i}", r) for i, r in enumerate(result))
+        else:
+            items = [("output", result)]
+        return {key: ops.to_numpy(value) for key, value in items}
+
+    expected = run("numpy", "float64")
+    report = ParityReport(dtype=dtype)
+    for name in names:
+        report += compare_tensors(subject, name, run(name, dtype), expected, dtype)
+    report.raise_for_violations()
+    return report

@@ -1,0 +1,54 @@
+"""``to_native`` / ``from_native``: a zoo model as the framework's own object, and back.
+
+- ``"torch"``: a ``torch.nn.Module`` whose weights are registered parameters and buffers
+  under the canonical names (``state_dict()`` keys equal the zoo names), so any torch
+  optimizer trains it; ``module.train()`` / ``.eval()`` choose batch statistics.
+- ``"tensorflow"``: a ``tf.Module`` holding one ``tf.Variable`` per name (buffers are
+  non-trainable variables); ``module(x, training=True)`` updates them.
+- ``"jax"`` (and ``"numpy"``): ``(apply_fn, params)``, ``params`` a flat dict pytree and
+  ``apply_fn(params, x, train=False)`` pure, as JAX code expects.
+
+``from_native`` reads the weights back, exactly, into a :class:`Model` on that framework.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from xdevice import _registry
+from xdevice._errors import ConversionError, message
+from xdevice.models._model import Model, _place
+
+__all__ = ["to_native", "from_native"]
+
+
+def to_native(model: Model, backend: str | None = None) -> Any:
+    """``model`` as ``backend``'s own trainable object (see the module docstring).
+
+    >>> from xdevice import models
+    >>> apply_fn, params = to_native(models.build("mlp", hidden=[8]), "numpy")
+    >>> apply_fn(params, models.build("mlp", hidden=[8]).example_input(3)).shape
+    (3, 10)
+    """
+    name = backend or model.backend
+    placed = model if name == model.backend else model.to(name)
+    return _registry.backend(name).to_native(placed.name, placed.spec, placed.apply, placed.params,
+                                             placed.trainable)
+
+
+def from_native(native: Any) -> Model:
+    """The :class:`Model` inside an object ``to_native`` made (possibly trained since).
+
+    Raises:
+        ConversionError: ``native`` was not made by ``to_native``.
+    """
+    for backend in _registry.active_backends():
+        found = backend.from_native(native)
+        if found is not None:
+            name, spec, arrays, device = found
+            return _place(name, spec, arrays, backend.name, device, None)
+    raise ConversionError(message(
+        "Not a model made by xdevice.models.to_native",
+        expected="a module or (apply_fn, params) pair from to_native",
+        received=type(native).__qualname__,
+        fix="wrap your weights with xdevice.models.build(...) and to_native(...) first"))

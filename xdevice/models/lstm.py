@@ -1,0 +1,35 @@
+"""``lstm``: token embedding, one LSTM layer, and a dense classifier on the last hidden state."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from xdevice.models._init import Param, dense
+
+DEFAULTS = {"vocab": 1000, "embedding": 64, "hidden": 128, "length": 32, "classes": 10}
+
+
+def parameters(spec: dict) -> dict[str, Param]:
+    h, e = spec["hidden"], spec["embedding"]
+    return {
+        "embedding.weight": Param((spec["vocab"], e), "fan_in", 1),
+        # PyTorch draws every LSTM weight from ±1/sqrt(hidden): fan_in = hidden
+        "lstm.w_ih": Param((e, 4 * h), "fan_in", h),
+        "lstm.w_hh": Param((h, 4 * h), "fan_in", h),
+        "lstm.b": Param((4 * h,), "fan_in", h),
+        **dense("out", h, spec["classes"]),
+    }
+
+
+def apply(ops, params, x, spec, train=False):
+    embedded = ops.take(params["embedding.weight"], x, axis=0)
+    zeros = ops.zeros((ops.shape(x)[0], spec["hidden"]), ops.dtype(params["lstm.w_hh"]))
+    _, h, _ = ops.lstm(embedded, zeros, zeros, params["lstm.w_ih"], params["lstm.w_hh"], params["lstm.b"])
+    y = ops.linear(h, params["out.weight"], params["out.bias"])
+    return (y, {}) if train else y
+
+
+def example_input(spec: dict, batch: int, rng: np.random.Generator) -> np.ndarray:
+    return rng.integers(0, spec["vocab"], size=(batch, spec["length"])).astype(np.int32)
+
+

@@ -1,0 +1,29 @@
+"""``mlp``: a multilayer perceptron, 784-512-512-10 with ReLU (MNIST-sized)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from xdevice.models._init import Param, dense
+
+DEFAULTS = {"inputs": 784, "hidden": [512, 512], "classes": 10}
+
+
+def parameters(spec: dict) -> dict[str, Param]:
+    table, width = {}, spec["inputs"]
+    for i, size in enumerate(spec["hidden"]):
+        table.update(dense(f"dense{i}", width, size))
+        width = size
+    table.update(dense("out", width, spec["classes"]))
+    return table
+
+
+def apply(ops, params, x, spec, train=False):
+    for i in range(len(spec["hidden"])):
+        x = ops.relu(ops.linear(x, params[f"dense{i}.weight"], params[f"dense{i}.bias"]))
+    y = ops.linear(x, params["out.weight"], params["out.bias"])
+    return (y, {}) if train else y
+
+
+def example_input(spec: dict, batch: int, rng: np.random.Generator) -> np.ndarray:
+    return rng.normal(size=(batch, spec["inputs"])).astype(np.float32)
