@@ -28,11 +28,12 @@ Conventions (the same on every backend):
 from __future__ import annotations
 
 import abc
+import functools
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
-__all__ = ["Ops", "Array", "DTYPES", "UNARY", "BINARY", "COMPARISONS", "masked_score"]
+__all__ = ["Ops", "Array", "DTYPES", "UNARY", "BINARY", "COMPARISONS", "masked_score", "float32_inside"]
 
 Array = Any
 DTYPES = ("float16", "bfloat16", "float32", "float64", "int8", "int16", "int32", "int64",
@@ -47,6 +48,32 @@ BINARY = ("add", "subtract", "multiply", "divide", "power", "maximum", "minimum"
           "bitwise_or", "bitwise_xor", "left_shift", "right_shift")
 #: Comparisons, returning bool arrays (each ``name(x, y)``).
 COMPARISONS = ("equal", "not_equal", "less", "less_equal", "greater", "greater_equal")
+
+
+_HALF = ("float16", "bfloat16")
+
+
+def float32_inside(composite: Callable) -> Callable:
+    """Run a composite in float32 when its first input is half precision, and cast the
+    results back: normalisation statistics and softmax sums overflow or lose most of their
+    digits in float16 (PyTorch's fused kernels upcast the same way)."""
+
+    @functools.wraps(composite)
+    def run(self, x, *args, **kwargs):
+        half = self.dtype(x)
+        if half not in _HALF:
+            return composite(self, x, *args, **kwargs)
+        wide = lambda v: self.cast(v, "float32") if _is_half_array(self, v) else v  # noqa: E731
+        out = composite(self, wide(x), *[wide(a) for a in args], **kwargs)
+        if isinstance(out, tuple):
+            return tuple(self.cast(o, half) for o in out)
+        return self.cast(out, half)
+
+    return run
+
+
+def _is_half_array(ops: Any, value: Any) -> bool:
+    return value is not None and not isinstance(value, (int, float, bool)) and ops.dtype(value) in _HALF
 
 
 def masked_score(dtype: str) -> float:
@@ -357,15 +384,18 @@ class Ops(abc.ABC):
         count = _count(self.shape(x), axis)
         return self.divide(total, float(count - correction))
 
+    @float32_inside
     def logsumexp(self, x: Array, axis: int = -1, keepdims: bool = False) -> Array:
         top = self.stop_gradient(self.max(x, axis=axis, keepdims=True))
         out = self.add(self.log(self.sum(self.exp(self.subtract(x, top)), axis=axis, keepdims=True)), top)
         return out if keepdims else self.squeeze(out, axis=axis)
 
+    @float32_inside
     def softmax(self, x: Array, axis: int = -1) -> Array:
         shifted = self.exp(self.subtract(x, self.stop_gradient(self.max(x, axis=axis, keepdims=True))))
         return self.divide(shifted, self.sum(shifted, axis=axis, keepdims=True))
 
+    @float32_inside
     def log_softmax(self, x: Array, axis: int = -1) -> Array:
         return self.subtract(x, self.logsumexp(x, axis=axis, keepdims=True))
 
@@ -378,6 +408,7 @@ class Ops(abc.ABC):
         y = self.matmul(x, w)
         return y if b is None else self.add(y, b)
 
+    @float32_inside
     def layer_norm(self, x: Array, scale: Array | None, offset: Array | None, axis: int = -1,
                    eps: float = 1e-5) -> Array:
         """Normalise over the trailing axes from ``axis`` on; scale and offset those axes."""
@@ -388,6 +419,7 @@ class Ops(abc.ABC):
             y = self.multiply(y, scale)
         return y if offset is None else self.add(y, offset)
 
+    @float32_inside
     def batch_norm(self, x: Array, scale: Array, offset: Array, mean: Array, var: Array,
                    eps: float = 1e-5) -> Array:
         """Inference batch norm over channel axis 1 with running statistics."""
@@ -396,6 +428,7 @@ class Ops(abc.ABC):
         shift = self.subtract(offset, self.multiply(mean, factor))
         return self.add(self.multiply(x, self.reshape(factor, shape)), self.reshape(shift, shape))
 
+    @float32_inside
     def batch_norm_train(self, x: Array, scale: Array, offset: Array, eps: float = 1e-5
                          ) -> tuple[Array, Array, Array]:
         """Training batch norm over channel axis 1: ``(y, batch_mean, batch_var)``, where the

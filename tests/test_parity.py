@@ -64,13 +64,22 @@ def test_the_parity_command_prints_json_and_exits_0_when_all_agree():
 def test_the_parity_command_exits_1_on_a_violation():
     # float16 end to end in numpy (no float32 accumulation) cannot meet the float16 row for
     # batch-norm gradients: a real violation, reported with exit status 1
-    result = _cli("--models", "resnet", "--backends", "numpy", "--dtype", "float16")
+    result = _cli("--models", "resnet", "--backends", "numpy", "--dtype", "float16", "--grads")
     assert result.returncode == 1 and "violation: resnet: backend 'numpy'" in result.stdout
 
 
 def test_the_parity_command_prints_markdown():
     result = _cli("--models", "lstm", "--backends", "numpy", "--markdown", "--no-grads")
     assert result.stdout.splitlines()[0] == "| model | backend | tensors | max abs | max rel | ok |"
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_half_precision_outputs_meet_their_tolerance_row(backend, dtype):
+    if backend.name == "numpy" and dtype == "bfloat16":
+        pytest.skip("numpy computes bfloat16 through ml_dtypes' slow scalar path")
+    for name in ("cnn", "resnet", "transformer"):
+        report = xdevice.parity(name, backends=[backend.name], dtype=dtype)
+        assert report.ok and not any(r.tensor.startswith("grad ") for r in report), str(report)
 
 
 def test_the_reference_measures_how_close_inputs_come_to_a_kink():

@@ -38,7 +38,8 @@ def main(argv: list[str] | None = None) -> int:
     check.add_argument("--backends", nargs="+", default=None, metavar="NAME",
                        help="backends to check (default: every installed one)")
     check.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16"])
-    check.add_argument("--no-grads", action="store_true", help="compare outputs only")
+    check.add_argument("--grads", action=argparse.BooleanOptionalAction, default=None,
+                       help="compare every parameter's gradient too (default: in float32 only)")
     check.add_argument("--batch", type=int, default=4)
     form = check.add_mutually_exclusive_group()
     form.add_argument("--json", action="store_true", help="print JSON")
@@ -102,7 +103,7 @@ def _parity(args: argparse.Namespace) -> int:
         _registry.backend(name)
     report = ParityReport(dtype=args.dtype)
     for name in names:
-        report += parity(name, backends=args.backends, grads=not args.no_grads, dtype=args.dtype,
+        report += parity(name, backends=args.backends, grads=args.grads, dtype=args.dtype,
                          batch=args.batch)
     print(report.to_json() if args.json else report.to_markdown() if args.markdown else report)
     return 0 if report.ok else 1

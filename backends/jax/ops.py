@@ -22,7 +22,7 @@ from jax import lax
 
 from xdevice._errors import UnsupportedOp, message
 from xdevice.backends._shapes import as_tuple, conv_padding, pool_counts, pool_padding, slice_index
-from xdevice.backends.opset import Array, Ops
+from xdevice.backends.opset import Array, Ops, float32_inside
 
 __all__ = ["JaxOps", "jax_dtype"]
 
@@ -210,12 +210,15 @@ class JaxOps(Ops):
     def cumsum(self, x: Array, axis: int) -> Array:
         return jnp.cumsum(x, axis=axis)
 
+    @float32_inside
     def logsumexp(self, x: Array, axis: int = -1, keepdims: bool = False) -> Array:
         return jax.nn.logsumexp(x, axis=axis, keepdims=keepdims)
 
+    @float32_inside
     def softmax(self, x: Array, axis: int = -1) -> Array:
         return jax.nn.softmax(x, axis=axis)
 
+    @float32_inside
     def log_softmax(self, x: Array, axis: int = -1) -> Array:
         return jax.nn.log_softmax(x, axis=axis)
 

@@ -23,7 +23,7 @@ from tensorflow.python.eager import record  # no public way to ask whether a tap
 from xdevice._errors import UnsupportedOp, message
 from xdevice.backends._shapes import as_tuple, conv_padding, pool_counts, pool_padding, slice_index
 from xdevice.backends.numpy.ops import numpy_dtype
-from xdevice.backends.opset import Array, Ops, masked_score
+from xdevice.backends.opset import Array, Ops, float32_inside, masked_score
 
 __all__ = ["TensorflowOps"]
 
@@ -512,15 +512,19 @@ class TensorflowOps(Ops):
     rsqrt = _unary(tf.math.rsqrt)
     softplus = _unary(tf.nn.softplus)
 
+    @float32_inside
     def logsumexp(self, x: Array, axis: int = -1, keepdims: bool = False) -> Array:
         return tf.reduce_logsumexp(_tensor(x), axis, keepdims)
 
+    @float32_inside
     def softmax(self, x: Array, axis: int = -1) -> Array:
         return tf.nn.softmax(_tensor(x), axis)
 
+    @float32_inside
     def log_softmax(self, x: Array, axis: int = -1) -> Array:
         return tf.nn.log_softmax(_tensor(x), axis)
 
+    @float32_inside
     def layer_norm(self, x: Array, scale: Array | None, offset: Array | None, axis: int = -1,
                    eps: float = 1e-5) -> Array:
         x = _tensor(x)
@@ -529,6 +533,7 @@ class TensorflowOps(Ops):
         y = y if scale is None else y * scale
         return y if offset is None else y + offset
 
+    @float32_inside
     def batch_norm_train(self, x: Array, scale: Array, offset: Array, eps: float = 1e-5
                          ) -> tuple[Array, Array, Array]:
         x = _tensor(x)
