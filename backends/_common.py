@@ -9,7 +9,8 @@ from xdevice._device import Device
 from xdevice._errors import ConversionError, message
 from xdevice._types import Applied, Config, How, MemoryStats
 
-__all__ = ["dlpack_data_pointer", "memory_not_applied", "cpu_only_stats", "bfloat16_dtype", "is_numpy_bfloat16"]
+__all__ = ["dlpack_data_pointer", "memory_not_applied", "cpu_only_stats", "bfloat16_dtype", "is_numpy_bfloat16",
+           "flat_outputs", "as_function", "exporter_failed"]
 
 
 class _DLDevice(ctypes.Structure):
@@ -67,3 +68,40 @@ def is_numpy_bfloat16(x: Any) -> bool:
     """Whether ``x`` is a numpy array of ml_dtypes' bfloat16 (no framework import needed)."""
     dtype = getattr(x, "dtype", None)
     return type(x).__module__ == "numpy" and getattr(dtype, "name", "") == "bfloat16"
+
+
+# -- ONNX export: what every backend's export.py needs ------------------------------------------
+
+def flat_outputs(y: Any) -> list[Any]:
+    """A model's outputs as one flat list, in the order the ONNX graph lists them: an array,
+    or tuples, lists and dicts of them (a dict in sorted key order, as ``tf.nest`` and JAX
+    trees flatten it; ``torch.export`` would keep insertion order)."""
+    if isinstance(y, dict):
+        return [leaf for key in sorted(y) for leaf in flat_outputs(y[key])]
+    if isinstance(y, (tuple, list)):
+        return [leaf for item in y for leaf in flat_outputs(item)]
+    return [y]
+
+
+def as_function(target: Any) -> Any:
+    """A functional model as one callable of its inputs: ``(apply_fn, params)`` becomes
+    ``lambda *xs: apply_fn(params, *xs)`` (params closed over, so an exporter bakes them in
+    as initializers); a plain function is itself."""
+    if isinstance(target, tuple) and len(target) == 2 and callable(target[0]) and not callable(target[1]):
+        apply_fn, params = target
+        return lambda *xs: apply_fn(params, *xs)
+    if callable(target):
+        return target
+    raise ConversionError(message(
+        "Cannot export this object", expected="an (apply_fn, params) pair or a function of arrays",
+        received=type(target).__qualname__))
+
+
+def exporter_failed(exporter: str, error: BaseException, fix: str) -> ConversionError:
+    """The ConversionError for a third-party exporter that raised: its own summary (first
+    lines only: the traceback stays on ``__cause__``) and what to try."""
+    summary = " ".join(str(error).split("\n")[:6]).strip()
+    if len(summary) > 800:
+        summary = summary[:800] + " ..."
+    return ConversionError(message(f"{exporter} could not export the model",
+                                   received=f"{type(error).__name__}: {summary}", fix=fix))

@@ -2,8 +2,8 @@
 
 Every backend implements every abstract method here with the same signature (a contract
 test checks names, parameters and defaults). A backend package keeps the same files as
-every other: ``devices.py``, ``memory.py``, ``placement.py`` and ``autodiff.py`` each hold a
-mixin with one concern, ``ops.py`` holds the backend's implementation of the op set
+every other: ``devices.py``, ``memory.py``, ``placement.py``, ``autodiff.py``, ``native.py``
+and ``export.py`` each hold a mixin with one concern, ``ops.py`` holds the backend's implementation of the op set
 (``opset.Ops``), and the package's ``__init__`` assembles them into the backend class.
 
 Capability flags say what a backend cannot do. Core checks them with :meth:`require`, so
@@ -138,6 +138,21 @@ class Backend(abc.ABC):
     def from_native(self, native: Any) -> tuple[str, dict, dict[str, Any], Device] | None:
         """``(name, spec, numpy arrays, device)`` of an object ``to_native`` made, or None
         when ``native`` is not one of this framework's."""
+
+    # -- export.py ------------------------------------------------------------------------
+
+    @abc.abstractmethod
+    def export_onnx(self, target: Any, example_inputs: tuple[Any, ...], opset: int,
+                    dynamic_batch: bool) -> Any:
+        """``target`` (this framework's own callable model) as an ``onnx.ModelProto``, traced
+        on the numpy ``example_inputs``, its outputs flattened by ``_common.flat_outputs``;
+        with ``dynamic_batch`` axis 0 of every input is symbolic. ``opset`` is a request:
+        the exporter may write another, which the caller reads back."""
+
+    @abc.abstractmethod
+    def native_outputs(self, target: Any, inputs: tuple[Any, ...]) -> list[Any]:
+        """``target``'s outputs on the numpy ``inputs`` in inference mode, flattened as
+        ``export_onnx`` flattens them, as numpy arrays: what its export must reproduce."""
 
     # -- shared behaviour ---------------------------------------------------------------
 

@@ -33,17 +33,20 @@ import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
-__all__ = ["Ops", "Array", "DTYPES", "UNARY", "BINARY", "COMPARISONS", "masked_score", "float32_inside"]
+__all__ = ["Ops", "Array", "DTYPES", "NARROW_DTYPES", "UNARY", "BINARY", "COMPARISONS", "masked_score", "float32_inside"]
 
 Array = Any
 DTYPES = ("float16", "bfloat16", "float32", "float64", "int8", "int16", "int32", "int64",
-          "uint8", "uint32", "bool")
+          "uint8", "uint16", "uint32", "uint64", "bool")
+#: Narrow float and int formats (from ml_dtypes) a backend may also support in ``cast``.
+NARROW_DTYPES = ("float8_e4m3fn", "float8_e4m3fnuz", "float8_e5m2", "float8_e5m2fnuz", "int4", "uint4")
 
 #: One-input elementwise primitives (each ``name(x)``).
 UNARY = ("negative", "abs", "sign", "exp", "log", "sqrt", "sin", "cos", "tan", "tanh",
-         "sigmoid", "erf", "floor", "ceil", "round", "relu", "logical_not", "isnan", "isinf")
+         "sigmoid", "erf", "floor", "ceil", "round", "relu", "logical_not", "isnan", "isinf",
+         "asin", "acos", "atan", "sinh", "cosh", "asinh", "acosh", "atanh", "bitwise_not")
 #: Two-input elementwise primitives with broadcasting (each ``name(x, y)``).
-BINARY = ("add", "subtract", "multiply", "divide", "power", "maximum", "minimum", "mod",
+BINARY = ("add", "subtract", "multiply", "divide", "power", "maximum", "minimum", "mod", "fmod",
           "floor_divide", "logical_and", "logical_or", "logical_xor", "bitwise_and",
           "bitwise_or", "bitwise_xor", "left_shift", "right_shift")
 #: Comparisons, returning bool arrays (each ``name(x, y)``).
@@ -51,6 +54,7 @@ COMPARISONS = ("equal", "not_equal", "less", "less_equal", "greater", "greater_e
 
 
 _HALF = ("float16", "bfloat16")
+
 
 
 def float32_inside(composite: Callable) -> Callable:
@@ -102,7 +106,11 @@ class Ops(abc.ABC):
 
     @abc.abstractmethod
     def shape(self, x: Array) -> tuple[int, ...]:
-        """The static shape of ``x`` as Python ints."""
+        """The shape of ``x``: Python ints for dimensions known while tracing. A dimension
+        only known at run time (a dynamic batch being exported) comes back as the
+        framework's dynamic scalar: a ``torch.export`` SymInt, a JAX symbolic dimension, a
+        TensorFlow scalar tensor (``tf.shape(x)[i]``). Such a value may size new arrays and
+        reshapes; models keep it out of Python control flow."""
 
     @abc.abstractmethod
     def dtype(self, x: Array) -> str:
@@ -354,6 +362,62 @@ class Ops(abc.ABC):
         """Mean over windows, channels first; padding is excluded from the count unless
         ``count_include_pad``."""
 
+    # -- more primitives: inverse trig, sorting, scattering (the ONNX importer needs them) ---
+
+    @abc.abstractmethod
+    def asin(self, x: Array) -> Array: ...
+
+    @abc.abstractmethod
+    def acos(self, x: Array) -> Array: ...
+
+    @abc.abstractmethod
+    def atan(self, x: Array) -> Array: ...
+
+    @abc.abstractmethod
+    def sinh(self, x: Array) -> Array: ...
+
+    @abc.abstractmethod
+    def cosh(self, x: Array) -> Array: ...
+
+    @abc.abstractmethod
+    def asinh(self, x: Array) -> Array: ...
+
+    @abc.abstractmethod
+    def acosh(self, x: Array) -> Array: ...
+
+    @abc.abstractmethod
+    def atanh(self, x: Array) -> Array: ...
+
+    @abc.abstractmethod
+    def bitwise_not(self, x: Array) -> Array:
+        """Bitwise complement of integers; logical not of booleans."""
+
+    @abc.abstractmethod
+    def fmod(self, x: Array, y: Array) -> Array:
+        """Remainder with the sign of the dividend (C's ``fmod``, numpy's ``fmod``)."""
+
+    @abc.abstractmethod
+    def cumprod(self, x: Array, axis: int) -> Array: ...
+
+    @abc.abstractmethod
+    def sort(self, x: Array, axis: int = -1, descending: bool = False) -> tuple[Array, Array]:
+        """``(values, indices)`` sorted along ``axis``; stable, so equal values keep their
+        order (the lower index first, ascending or descending); indices are int64 (int32
+        on JAX without x64). NaN sorts last ascending and first descending."""
+
+    @abc.abstractmethod
+    def scatter(self, x: Array, indices: Array, updates: Array, axis: int = 0,
+                reduction: str = "none") -> Array:
+        """ONNX ``ScatterElements``: a copy of ``x`` where, for every position of
+        ``indices`` (the shape of ``updates``), the element ``indices[...]`` along ``axis``
+        takes ``updates[...]`` (``reduction="none"``; with duplicate indices the last write
+        wins) or is combined with it (``"add"``, ``"mul"``, ``"max"``, ``"min"``).
+        Negative indices count from the end."""
+
+    @abc.abstractmethod
+    def det(self, x: Array) -> Array:
+        """Determinant over the last two axes."""
+
     # -- composites: written once here; a backend may override with a fused native ---------
 
     def square(self, x: Array) -> Array:
@@ -400,8 +464,13 @@ class Ops(abc.ABC):
         return self.subtract(x, self.logsumexp(x, axis=axis, keepdims=True))
 
     def flatten(self, x: Array, start_axis: int = 1) -> Array:
+        # -1 goes in the batch slot and the flattened size is static, so a batch only known
+        # at run time never enters the target shape
         shape = self.shape(x)
-        return self.reshape(x, (*shape[:start_axis], -1))
+        start = start_axis % len(shape) if start_axis < 0 else start_axis
+        if start == 0:
+            return self.reshape(x, (-1,))
+        return self.reshape(x, (-1, *shape[1:start], math.prod(shape[start:])))
 
     def linear(self, x: Array, w: Array, b: Array | None = None) -> Array:
         """``x @ w + b`` with ``w`` of shape ``(in, out)``."""

@@ -1,4 +1,19 @@
 """ONNX converters (``xdevice.converters``): export from and import into every backend.
 
-Not implemented yet: this package is a placeholder for issue 4.
+- ``export`` (``converters/export.py``): a zoo model or a native one to a checked ONNX model,
+  verified against its source in ONNX Runtime.
+- ``from_onnx`` (``converters/importer/``): any ONNX model as a function of numpy, PyTorch,
+  JAX or TensorFlow, interpreted over the op set, its weights trainable natively.
+- ``convert_model`` (``converters/formats.py``): an ONNX model saved in a framework's own
+  format (``.pt2``, SavedModel, serialized ``jax.export``).
+- ``onnx_backend`` / ``conformance``: ONNX's own backend API and node test suite.
+
+Importing this package imports no framework, nor onnx (numpy only).
 """
+
+from xdevice.converters.export import ExportResult, TensorInfo, Verification, export, verify
+from xdevice.converters.formats import Converted, convert_model
+from xdevice.converters.importer import ImportedModel, from_onnx
+
+__all__ = ["Converted", "ExportResult", "ImportedModel", "TensorInfo", "Verification", "convert_model",
+           "export", "from_onnx", "verify"]

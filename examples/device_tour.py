@@ -5,7 +5,8 @@
 3. run a computation in each framework on the best device, with ``xdevice.on``;
 4. hand one tensor from framework to framework through DLPack, without copying;
 5. build the reference zoo once and check every backend against the numpy reference;
-6. hand a model to each framework as its own object, and read it back exactly.
+6. hand a model to each framework as its own object, and read it back exactly;
+7. export it to ONNX from one framework and import it into every other, checked.
 """
 
 from __future__ import annotations
@@ -62,7 +63,25 @@ def main() -> int:
         back = models.from_native(native)
         same = all((back.numpy_params()[k] == model.numpy_params()[k]).all() for k in model.params)
         print(f"  {name:<10} {kind:<28} weights back exactly: {same}")
-    return 0 if report.ok else 1
+
+    exporters = [name for name in ("torch", "tensorflow", "jax") if name in xdevice.backends()]
+    converted = True
+    if exporters:
+        from xdevice.converters import export, from_onnx
+
+        source = exporters[0]
+        section(f"7. ONNX: export the cnn from {source} (verified in ONNX Runtime), import it everywhere")
+        result = export(model.to(source), example_inputs=model.example_input(4))
+        print(f"  opset {result.opset}, batch axis {result.inputs[0].shape[0]!r}, "
+              f"export {result.seconds:.1f} s, worst error in ONNX Runtime "
+              f"{result.max_abs_error:.1e}")
+        expected = xdevice.backend(source).to_numpy(model.to(source)(x))
+        for name in xdevice.backends():
+            imported = from_onnx(result.model, backend=name)
+            comparison = xdevice.compare(xdevice.backend(name).to_numpy(imported(x)), expected)
+            converted &= comparison.ok
+            print(f"  {source} -> onnx -> {name:<10} max abs error {comparison.max_abs:.1e}  ok: {comparison.ok}")
+    return 0 if report.ok and converted else 1
 
 
 def matmul_in_each_framework():

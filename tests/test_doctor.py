@@ -4,7 +4,7 @@ import json
 import subprocess
 import sys
 
-from xdevice._doctor import gpu_findings, onnxruntime_conflict, provider_findings
+from xdevice._doctor import export_tools, gpu_findings, onnxruntime_conflict, provider_findings
 
 
 def test_both_onnxruntime_packages_installed_is_a_problem_with_the_fix():
@@ -53,3 +53,10 @@ def test_the_doctor_command_checks_this_machine():
     texts = [f["text"] for f in report["findings"]]
     assert any(t.startswith("numpy ") and "sees cpu:0" in t for t in texts)
     assert any("CPUExecutionProvider loads and runs" in t for t in texts)
+
+
+def test_the_export_tools_are_reported_with_their_versions_or_how_to_install_them():
+    findings = export_tools({"onnx": "1.23.2", "tf2onnx": "1.17.0"})
+    texts = [f.text for f in findings]
+    assert all(f.ok for f in findings) and texts[0].startswith("onnx 1.23.2") and texts[2].startswith("tf2onnx 1.17.0")
+    assert "onnxscript: not installed" in texts[1] and "pip install 'xdevice[export]'" in texts[3]

@@ -27,12 +27,14 @@ from xdevice._parity import ParityReport, parity
 from xdevice._placement import DeviceFallbackWarning, Placement, current_device, on
 from xdevice._registry import backend
 from xdevice._tensors import backend_of, convert, device_of, to_device
+from xdevice._tolerance import Comparison, compare
 from xdevice._types import Applied, Config, ConfigReport, MemoryStats
 
 __version__ = "0.1.0"
 
 __all__ = [
     "Applied",
+    "Comparison",
     "BackendUnavailable",
     "Config",
     "ConfigReport",
@@ -51,6 +53,7 @@ __all__ = [
     "backend",
     "backend_of",
     "backends",
+    "compare",
     "configure",
     "convert",
     "current_device",

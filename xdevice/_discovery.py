@@ -12,6 +12,7 @@ runtime of JAX and TensorFlow: configure first.
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib.metadata
 import os
 import platform
@@ -227,7 +228,9 @@ def _can_use_gpu(name: str) -> bool:
     return False
 
 
+@functools.lru_cache(maxsize=1)
 def _distributions() -> dict[str, str]:
+    """Installed distributions and versions: read once (half a second with big frameworks)."""
     found = {}
     for dist in importlib.metadata.distributions():
         with contextlib.suppress(Exception):

@@ -8,7 +8,8 @@ What it checks: each framework imports and which devices it sees; a GPU the mach
 but a GPU build of a framework does not see; ONNX Runtime providers that really load (ONNX
 Runtime lists CUDA as available even when its libraries are missing, then runs on the CPU
 with only a log line); ``onnxruntime`` and ``onnxruntime-gpu`` installed together (they
-overwrite each other's files); the CUDA driver and cuDNN that frameworks will find.
+overwrite each other's files); the versions of the ONNX export tools (onnx, onnxscript,
+tf2onnx, jax2onnx); the CUDA driver and cuDNN that frameworks will find.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from xdevice import _registry
 from xdevice._discovery import _can_use_gpu, _distributions, devices, nvml_gpus
 
 __all__ = ["Finding", "DoctorReport", "doctor", "onnxruntime_conflict", "provider_findings",
-           "gpu_findings"]
+           "gpu_findings", "export_tools"]
 
 _ALWAYS_THERE = ("CPUExecutionProvider", "AzureExecutionProvider")
 
@@ -71,6 +72,7 @@ def doctor() -> DoctorReport:
 
     Imports every installed framework and starts their runtimes.
     """
+    _distributions.cache_clear()  # the doctor reads what is installed now
     dists = _distributions()
     gpus = nvml_gpus()
     findings: list[Finding] = []
@@ -93,6 +95,7 @@ def doctor() -> DoctorReport:
     findings += gpu_findings(len(gpus), seen, {name: _can_use_gpu(name) for name in seen})
     findings += onnxruntime_conflict(dists)
     findings += _onnxruntime_providers()
+    findings += export_tools(dists)
     findings += _cuda(gpus)
     return DoctorReport(findings)
 
@@ -136,6 +139,22 @@ def onnxruntime_conflict(dists: dict[str, str]) -> list[Finding]:
     if present:
         return [Finding("onnxruntime", True, f"{present[0]} {dists[present[0]]} installed")]
     return [Finding("onnxruntime", True, "not installed (optional: pip install 'xdevice[onnx]')")]
+
+
+#: the ONNX tools export needs, and what each one does there
+_EXPORT_TOOLS = {"onnx": "the format, checker and shape inference", "onnxscript": "PyTorch's exporter",
+                 "tf2onnx": "TensorFlow's exporter", "jax2onnx": "JAX's exporter"}
+
+
+def export_tools(dists: dict[str, str]) -> list[Finding]:
+    """The versions of the ONNX export tools, from package metadata (none is imported).
+
+    >>> export_tools({"onnx": "1.23.0"})[0].text
+    'onnx 1.23.0: the format, checker and shape inference'
+    """
+    return [Finding("onnx export", True, f"{name} {dists[name]}: {role}" if name in dists
+                    else f"{name}: not installed, needed for {role} (pip install 'xdevice[export]')")
+            for name, role in _EXPORT_TOOLS.items()]
 
 
 def provider_findings(listed: list[str], in_use: dict[str, list[str]]) -> list[Finding]:

@@ -195,10 +195,12 @@ def _clear_example(reference, batch: int, seed: int):
 
 def _zoo_tensors(model, x, labels, grads: bool) -> dict[str, Any]:
     """Everything parity compares for one model on one backend, as numpy arrays."""
+    from xdevice.backends.numpy.ops import numpy_dtype
+
     backend = _registry.backend(model.backend)
     ops = backend.ops
     dtype = ops.dtype(model.params[model.trainable[0]])
-    inputs = ops.asarray(x.astype(dtype) if x.dtype.kind == "f" else x)
+    inputs = ops.asarray(x.astype(numpy_dtype(dtype)) if x.dtype.kind == "f" else x)
     out = {"output": ops.to_numpy(model.apply(ops, model.params, inputs, train=False))}
     if model.buffers:
         y, updates = model.apply(ops, model.params, inputs, train=True)
@@ -235,12 +237,14 @@ def assert_parity(fn: Callable[..., Any], inputs: Sequence[Any], backends: Seque
     """
     import numpy as np
 
+    from xdevice.backends.numpy.ops import numpy_dtype
+
     subject = subject or getattr(fn, "__name__", "function")
     names = list(backends) if backends is not None else _registry.backends()
 
     def run(name: str, float_dtype: str) -> dict[str, Any]:
         ops = _registry.backend(name).ops
-        args = [ops.asarray(np.asarray(v).astype(float_dtype)) if np.asarray(v).dtype.kind == "f"
+        args = [ops.asarray(np.asarray(v).astype(numpy_dtype(float_dtype))) if np.asarray(v).dtype.kind == "f"
                 else (ops.asarray(v) if isinstance(v, np.ndarray) else v) for v in inputs]
         result = fn(ops, *args)
         if isinstance(result, dict):

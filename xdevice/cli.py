@@ -46,6 +46,35 @@ def main(argv: list[str] | None = None) -> int:
     form.add_argument("--markdown", action="store_true", help="print a Markdown table")
     check.set_defaults(run=_parity)
 
+    out = commands.add_parser("export", help="export a zoo model to ONNX, checked and verified")
+    out.add_argument("model", metavar="MODEL", help="a zoo model name, or a .safetensors file from Model.save")
+    out.add_argument("--backend", required=True, choices=["torch", "tensorflow", "jax"],
+                     help="the framework whose exporter writes the model")
+    out.add_argument("--output", default=None, metavar="PATH", help="where to write it (default: MODEL.onnx)")
+    out.add_argument("--opset", type=int, default=18, help="the ONNX opset to ask for (default: 18)")
+    out.add_argument("--static-batch", action="store_true", help="fix the batch size (default: dynamic)")
+    out.add_argument("--no-verify", action="store_true",
+                     help="skip comparing ONNX Runtime's outputs with the framework's")
+    out.add_argument("--batch", type=int, default=8, help="the example batch size (default: 8)")
+    out.set_defaults(run=_export)
+
+    into = commands.add_parser("convert", help="save an ONNX model in a framework's own format")
+    into.add_argument("model", help="path of the .onnx file")
+    into.add_argument("--to", required=True, choices=["torch", "tensorflow", "jax"])
+    into.add_argument("--output", help="where to write (default: next to the model)")
+    into.set_defaults(run=_convert)
+
+    suite = commands.add_parser("conformance", help="run ONNX's node test suite on backends")
+    suite.add_argument("--backend", nargs="+", default=None, metavar="NAME",
+                       help="backends to run (default: every installed one, each in its own process)")
+    suite.add_argument("--pattern", default=None, help="only tests whose name matches this regex")
+    suite.add_argument("--modules", nargs="+", default=None, metavar="MODULE",
+                       help="only build the tests of these files of onnx/backend/test/case/node "
+                            "(e.g. conv gemm): ONNX takes minutes to build all of them")
+    suite.add_argument("--failures", action="store_true", help="list every test that did not pass, with why")
+    suite.add_argument("--json", action="store_true", help="print JSON")
+    suite.set_defaults(run=_conformance)
+
     args = parser.parse_args(argv)
     try:
         return args.run(args)
@@ -107,6 +136,64 @@ def _parity(args: argparse.Namespace) -> int:
                          batch=args.batch)
     print(report.to_json() if args.json else report.to_markdown() if args.markdown else report)
     return 0 if report.ok else 1
+
+
+def _export(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from xdevice import models
+    from xdevice.converters import export
+
+    if args.model.endswith(".safetensors"):
+        model, stem = models.load(args.model, backend=args.backend), Path(args.model).stem
+    else:
+        model, stem = models.build(args.model, backend=args.backend), args.model
+    result = export(model, args.output or f"{stem}.onnx", example_inputs=model.example_input(args.batch),
+                    opset=args.opset, dynamic_batch=not args.static_batch, verify=not args.no_verify)
+    print(f"{model.name}: {result}")
+    return 0
+
+
+def _convert(args: argparse.Namespace) -> int:
+    from xdevice.converters.formats import convert_model
+
+    result = convert_model(args.model, args.to, args.output)
+    batch = "dynamic batch" if result.dynamic_batch else "fixed batch"
+    print(f"wrote {result.path} ({args.to}, {batch}, {result.seconds:.1f} s)")
+    for name, dtype, shape in result.inputs:
+        print(f"  input {name}: {dtype} {['?' if d is None else d for d in shape]}")
+    if result.note:
+        print(f"  note: {result.note}")
+    return 0
+
+
+def _conformance(args: argparse.Namespace) -> int:
+    import subprocess
+
+    names = args.backend or _registry.backends()
+    if len(names) > 1:  # one process per backend: JAX's suite needs 64-bit types process-wide
+        status = 0
+        for name in names:
+            command = [sys.executable, "-m", "xdevice", "conformance", "--backend", name]
+            command += (["--pattern", args.pattern] if args.pattern else []) + \
+                (["--modules", *args.modules] if args.modules else []) + \
+                (["--failures"] if args.failures else []) + (["--json"] if args.json else [])
+            status |= subprocess.run(command).returncode
+        return status
+    from xdevice.converters.conformance import run_suite
+
+    _registry.backend(names[0])
+    outcome = run_suite(names[0], pattern=args.pattern, modules=args.modules)
+    if args.json:
+        print(json.dumps({"backend": outcome.backend, "counts": outcome.counts, "seconds": outcome.seconds,
+                          "status": outcome.status, "reason": outcome.reason}))
+        return 0
+    print(outcome.summary())
+    if args.failures:
+        for test, state in sorted(outcome.status.items()):
+            if state != "pass":
+                print(f"  {state:<5} {test}: {outcome.reason.get(test, '')}")
+    return 0
 
 
 def _doctor(args: argparse.Namespace) -> int:

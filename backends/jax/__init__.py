@@ -3,6 +3,7 @@
 from xdevice.backends.base import Backend
 from xdevice.backends.jax.autodiff import Autodiff
 from xdevice.backends.jax.devices import Devices
+from xdevice.backends.jax.export import Export
 from xdevice.backends.jax.memory import Memory
 from xdevice.backends.jax.native import Native
 from xdevice.backends.jax.ops import JaxOps
@@ -11,7 +12,7 @@ from xdevice.backends.jax.placement import Placement
 __all__ = ["JaxBackend"]
 
 
-class JaxBackend(Devices, Memory, Placement, Autodiff, Native, Backend):
+class JaxBackend(Devices, Memory, Placement, Autodiff, Native, Export, Backend):
     name = "jax"
     title = "JAX"
     supports_memory_limit = True

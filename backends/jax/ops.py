@@ -22,17 +22,27 @@ from jax import lax
 
 from xdevice._errors import UnsupportedOp, message
 from xdevice.backends._shapes import as_tuple, conv_padding, pool_counts, pool_padding, slice_index
-from xdevice.backends.opset import Array, Ops, float32_inside
+from xdevice.backends.opset import DTYPES, NARROW_DTYPES, Array, Ops, float32_inside
 
 __all__ = ["JaxOps", "jax_dtype"]
 
 _PAD_MODES = ("constant", "reflect", "edge")
+_DTYPE_NAMES = DTYPES + NARROW_DTYPES
+_SCATTER = {"add": "add", "mul": "multiply", "max": "max", "min": "min"}  # reduction: .at[] method
 
 
 def jax_dtype(name: str) -> np.dtype:
     """The dtype JAX gives ``name``: 64-bit names map to 32-bit ones while x64 is off
-    (asking JAX for float64 then would warn, and warnings are errors in the tests)."""
-    return jax.dtypes.canonicalize_dtype(np.dtype(name))
+    (asking JAX for float64 then would warn, and warnings are errors in the tests).
+    ``jnp.dtype`` knows the ml_dtypes names (bfloat16, float8, int4) numpy alone may not."""
+    try:
+        dtype = jnp.dtype(name)
+    except TypeError:
+        dtype = None
+    if dtype is None or dtype.name not in _DTYPE_NAMES:  # e.g. ONNX "string", complex
+        raise UnsupportedOp(message("The jax backend cannot hold this dtype", received=name,
+                                    choices=_DTYPE_NAMES, fix="cast to one of the listed dtypes first"))
+    return jax.dtypes.canonicalize_dtype(dtype)
 
 
 def _is_number(x: Any) -> bool:
@@ -100,7 +110,9 @@ class JaxOps(Ops):
         return np.array(x, copy=True)
 
     def shape(self, x: Array) -> tuple[int, ...]:
-        return tuple(int(d) for d in jnp.shape(x))
+        # A symbolic dimension (jax.export, jax2onnx) stays symbolic: int() of it raises.
+        # np.shape reads .shape; jax2onnx replaces jnp.shape with a traced Shape op.
+        return tuple(int(d) if isinstance(d, (int, np.integer)) else d for d in np.shape(x))
 
     def dtype(self, x: Array) -> str:
         return np.dtype(jnp.result_type(x)).name
@@ -141,6 +153,15 @@ class JaxOps(Ops):
     logical_not = _unary(jnp.logical_not)
     isnan = _unary(jnp.isnan)
     isinf = _unary(jnp.isinf)
+    asin = _unary(jnp.arcsin)
+    acos = _unary(jnp.arccos)
+    atan = _unary(jnp.arctan)
+    sinh = _unary(jnp.sinh)
+    cosh = _unary(jnp.cosh)
+    asinh = _unary(jnp.arcsinh)
+    acosh = _unary(jnp.arccosh)
+    atanh = _unary(jnp.arctanh)
+    bitwise_not = _unary(jnp.invert)  # logical not on bools, as numpy's invert
     stop_gradient = _unary(lax.stop_gradient)
     # fused natives for composites of the op set
     rsqrt = _unary(lax.rsqrt)
@@ -157,6 +178,7 @@ class JaxOps(Ops):
     maximum = _binary(jnp.maximum)
     minimum = _binary(jnp.minimum)
     mod = _binary(jnp.mod)  # sign of the divisor, as numpy
+    fmod = _binary(jnp.fmod)  # sign of the dividend (lax.rem)
     floor_divide = _binary(jnp.floor_divide)
     logical_and = _binary(jnp.logical_and)
     logical_or = _binary(jnp.logical_or)
@@ -184,6 +206,9 @@ class JaxOps(Ops):
     def einsum(self, equation: str, *operands: Array) -> Array:
         return jnp.einsum(equation, *operands)
 
+    def det(self, x: Array) -> Array:
+        return jnp.linalg.det(x)
+
     # -- reductions -----------------------------------------------------------------------
 
     def sum(self, x: Array, axis: int | Sequence[int] | None = None, keepdims: bool = False) -> Array:
@@ -209,6 +234,21 @@ class JaxOps(Ops):
 
     def cumsum(self, x: Array, axis: int) -> Array:
         return jnp.cumsum(x, axis=axis)
+
+    def cumprod(self, x: Array, axis: int) -> Array:
+        return jnp.cumprod(x, axis=axis)  # its gradient holds at zeros too, unlike out / x
+
+    def sort(self, x: Array, axis: int = -1, descending: bool = False) -> tuple[Array, Array]:
+        x = jnp.asarray(x)
+        axis = axis % x.ndim
+        if descending:
+            # the reference's order: a stable ascending sort of the reversed axis, read
+            # backwards, puts NaN first and the lower index first among equal values
+            values, order = self.sort(jnp.flip(x, axis), axis)
+            return jnp.flip(values, axis), x.shape[axis] - 1 - jnp.flip(order, axis)
+        # lax.sort orders -0.0 == 0.0 and every NaN last, as numpy; the iota rides along
+        index = lax.broadcasted_iota(jax_dtype("int64"), x.shape, axis)
+        return tuple(lax.sort((x, index), dimension=axis, num_keys=1, is_stable=True))
 
     @float32_inside
     def logsumexp(self, x: Array, axis: int = -1, keepdims: bool = False) -> Array:
@@ -264,6 +304,30 @@ class JaxOps(Ops):
     def take_along_axis(self, x: Array, indices: Array, axis: int) -> Array:
         return jnp.take_along_axis(x, jnp.asarray(indices), axis=axis, mode="clip",
                                    wrap_negative_indices=True)
+
+    def scatter(self, x: Array, indices: Array, updates: Array, axis: int = 0,
+                reduction: str = "none") -> Array:
+        x = jnp.asarray(x)
+        axis = axis % x.ndim
+        index = jnp.asarray(indices)
+        index = jnp.where(index < 0, index + x.shape[axis], index)
+        target = list(np.indices(index.shape, sparse=True))  # static grids; broadcast by indexing
+        target[axis] = index
+        target = tuple(target)
+        updates = jnp.broadcast_to(updates, index.shape).astype(x.dtype)
+        if reduction == "none":
+            if not index.size:
+                return x
+            # .at[].set leaves the winner among duplicates unspecified. The last write (the
+            # highest position in index order, numpy's rule) is found by a scatter-max of
+            # positions and read by a gather, so the gradient reaches the winner only.
+            position = jnp.arange(index.size, dtype=jnp.int32).reshape(index.shape)
+            winner = jnp.full(x.shape, -1, jnp.int32).at[target].max(position)
+            return jnp.where(winner >= 0, updates.reshape(-1)[jnp.maximum(winner, 0)], x)
+        if reduction not in _SCATTER:
+            raise UnsupportedOp(message("Unknown scatter reduction", received=reduction,
+                                        choices=["none", *_SCATTER]))
+        return getattr(x.at[target], _SCATTER[reduction])(updates)
 
     def pad(self, x: Array, pad_width: Sequence[tuple[int, int]], mode: str = "constant",
             value: float = 0) -> Array:

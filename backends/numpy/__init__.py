@@ -3,6 +3,7 @@
 from xdevice.backends.base import Backend
 from xdevice.backends.numpy.autodiff import Autodiff, TapedOps
 from xdevice.backends.numpy.devices import Devices
+from xdevice.backends.numpy.export import Export
 from xdevice.backends.numpy.memory import Memory
 from xdevice.backends.numpy.native import Native
 from xdevice.backends.numpy.placement import Placement
@@ -10,7 +11,7 @@ from xdevice.backends.numpy.placement import Placement
 __all__ = ["NumpyBackend"]
 
 
-class NumpyBackend(Devices, Memory, Placement, Autodiff, Native, Backend):
+class NumpyBackend(Devices, Memory, Placement, Autodiff, Native, Export, Backend):
     name = "numpy"
     title = "NumPy"
     has_default_device = False  # numpy arrays always live in host memory

@@ -324,6 +324,43 @@ def _gelu(g, out, x, approximate=False):
     return (g * (cdf + x * pdf),)
 
 
+def _cumprod(g, out, x, axis):
+    # d out_j / d x_i = prod_{k <= j, k != i} x_k for j >= i: recompute the products with
+    # x_i set to 1, so zeros in x are fine (quadratic in the axis length: a reference)
+    x, g = np.moveaxis(np.asarray(x), axis, -1), np.moveaxis(g, axis, -1)
+    grad = np.empty_like(x)
+    for i in range(x.shape[-1]):
+        others = x.copy()
+        others[..., i] = 1
+        products = np.cumprod(others, axis=-1)
+        grad[..., i] = np.sum((g * products)[..., i:], axis=-1)
+    return (np.moveaxis(grad, -1, axis), None)
+
+
+def _scatter(g, out, x, indices, updates, axis=0, reduction="none"):
+    index = np.asarray(indices).astype(np.int64) % np.shape(x)[axis]
+    grids = list(np.indices(index.shape, sparse=True))
+    grids[axis % np.ndim(x)] = index
+    target = tuple(np.broadcast_to(grid, index.shape) for grid in grids)
+    if reduction == "none":
+        gx = np.array(g, copy=True)
+        gx[target] = 0  # overwritten elements do not reach the output
+        # of duplicate writes to one element only the last lands, so only it gets a gradient
+        flat = np.ravel_multi_index(target, np.shape(x)).ravel()
+        last = np.zeros(flat.size, dtype=bool)
+        last[flat.size - 1 - np.unique(flat[::-1], return_index=True)[1]] = True
+        gu = np.where(last.reshape(index.shape), g[target], 0)
+        return gx, None, _unbroadcast(gu, np.shape(updates))
+    if reduction == "add":
+        return g, None, _unbroadcast(g[target], np.shape(updates))
+    raise XDeviceError(message("The numpy tape differentiates scatter with reduction none or add only",
+                               received=reduction))
+
+
+def _det(g, out, x):
+    return (g[..., None, None] * out[..., None, None] * np.swapaxes(np.linalg.inv(x), -1, -2),)
+
+
 def _inverse(axes) -> list[int]:
     return list(np.argsort(axes))
 
@@ -341,6 +378,18 @@ RULES: dict[str, Callable | None] = {
     "sigmoid": lambda g, out, x: (g * out * (1 - out),),
     "erf": lambda g, out, x: (g * 2 / math.sqrt(math.pi) * np.exp(-x * x),),
     "relu": lambda g, out, x: (g * (x > 0),),
+    "asin": lambda g, out, x: (g / np.sqrt(1 - x * x),),
+    "acos": lambda g, out, x: (-g / np.sqrt(1 - x * x),),
+    "atan": lambda g, out, x: (g / (1 + x * x),),
+    "sinh": lambda g, out, x: (g * np.cosh(x),),
+    "cosh": lambda g, out, x: (g * np.sinh(x),),
+    "asinh": lambda g, out, x: (g / np.sqrt(x * x + 1),),
+    "acosh": lambda g, out, x: (g / np.sqrt(x * x - 1),),
+    "atanh": lambda g, out, x: (g / (1 - x * x),),
+    "fmod": _binary(lambda g, o, x, y: g, lambda g, o, x, y: -g * np.trunc(np.divide(x, y))),
+    "cumprod": _cumprod,
+    "scatter": _scatter,
+    "det": _det,
     "gelu": _gelu,
     "add": _binary(lambda g, o, x, y: g, lambda g, o, x, y: g),
     "subtract": _binary(lambda g, o, x, y: g, lambda g, o, x, y: -g),
@@ -385,7 +434,7 @@ RULES: dict[str, Callable | None] = {
 NO_GRADIENT = ("sign", "floor", "ceil", "round", "logical_not", "isnan", "isinf", "stop_gradient",
                "floor_divide", "logical_and", "logical_or", "logical_xor", "bitwise_and", "bitwise_or",
                "bitwise_xor", "left_shift", "right_shift", "equal", "not_equal", "less", "less_equal",
-               "greater", "greater_equal", "argmax", "argmin")
+               "greater", "greater_equal", "argmax", "argmin", "bitwise_not")
 
 
 # -- kinks: where a gradient jumps ------------------------------------------------------------
@@ -450,6 +499,12 @@ class TapedOps(NumpyOps):
         sizes = [size // sections] * sections if isinstance(sections, int) else list(sections)
         bounds = np.cumsum([0, *sizes])
         return [self.slice(x, [int(a)], [int(b)], axes=[axis]) for a, b in zip(bounds[:-1], bounds[1:])]
+
+    def sort(self, x, axis=-1, descending=False):
+        if not isinstance(x, Var):
+            return super().sort(x, axis, descending)
+        _, order = super().sort(x.value, axis, descending)
+        return self.take_along_axis(x, order, axis), order  # the gradient follows take_along_axis
 
     def shape(self, x):
         return tuple(int(d) for d in np.shape(_raw(x)))

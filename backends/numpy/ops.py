@@ -13,7 +13,7 @@ import numpy as np
 
 from xdevice._errors import UnsupportedOp, message
 from xdevice.backends._shapes import as_tuple, conv_padding, pool_counts, pool_padding, slice_index, windows
-from xdevice.backends.opset import Ops
+from xdevice.backends.opset import NARROW_DTYPES, Ops
 
 __all__ = ["NumpyOps", "numpy_dtype"]
 
@@ -21,10 +21,14 @@ _SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
 
 
 def numpy_dtype(name: str) -> np.dtype:
-    if name == "bfloat16":
+    """numpy's dtype for a dtype name; bfloat16, float8 and int4 come from ml_dtypes."""
+    if name == "bfloat16" or name in NARROW_DTYPES:
         from xdevice.backends._common import bfloat16_dtype
 
-        return np.dtype(bfloat16_dtype())
+        bfloat16_dtype()  # the clear error when ml_dtypes is missing
+        import ml_dtypes
+
+        return np.dtype(getattr(ml_dtypes, name))
     return np.dtype(name)
 
 
@@ -114,6 +118,71 @@ class NumpyOps(Ops):
 
     def round(self, x):
         return np.round(x)
+
+    def asin(self, x):
+        return np.arcsin(x)
+
+    def acos(self, x):
+        return np.arccos(x)
+
+    def atan(self, x):
+        return np.arctan(x)
+
+    def sinh(self, x):
+        return np.sinh(x)
+
+    def cosh(self, x):
+        return np.cosh(x)
+
+    def asinh(self, x):
+        return np.arcsinh(x)
+
+    def acosh(self, x):
+        return np.arccosh(x)
+
+    def atanh(self, x):
+        return np.arctanh(x)
+
+    def bitwise_not(self, x):
+        return np.invert(x)
+
+    def fmod(self, x, y):
+        return np.fmod(x, y)
+
+    def cumprod(self, x, axis):
+        return np.cumprod(x, axis=axis)
+
+    def sort(self, x, axis=-1, descending=False):
+        x = np.asarray(x)
+        # ml_dtypes' narrow floats do not order NaN: sort by a float32 key
+        key = x.astype(np.float32) if x.dtype.kind == "V" or x.dtype.name in NARROW_DTYPES else x
+        if descending:
+            # stable descending with NaN first: sort the reversed order key, then map back
+            order = np.flip(np.argsort(np.flip(key, axis), axis=axis, kind="stable"), axis)
+            order = x.shape[axis] - 1 - order
+        else:
+            order = np.argsort(key, axis=axis, kind="stable")
+        return np.take_along_axis(x, order, axis=axis), order.astype(np.int64)
+
+    def scatter(self, x, indices, updates, axis=0, reduction="none"):
+        out = np.array(x, copy=True)
+        index = np.asarray(indices).astype(np.int64)
+        index = np.where(index < 0, index + out.shape[axis], index)
+        grids = list(np.indices(index.shape, sparse=True))
+        grids[axis % out.ndim] = index
+        target = tuple(np.broadcast_to(g, index.shape) for g in grids)
+        updates = np.broadcast_to(updates, index.shape)
+        if reduction == "none":
+            out[target] = updates  # numpy's fancy assignment: the last duplicate wins
+        elif reduction in _SCATTER:
+            _SCATTER[reduction].at(out, target, updates)
+        else:
+            raise UnsupportedOp(message("Unknown scatter reduction", received=reduction,
+                                        choices=["none", *_SCATTER]))
+        return out
+
+    def det(self, x):
+        return np.linalg.det(x)
 
     def relu(self, x):
         x = np.asarray(x)
@@ -336,6 +405,9 @@ class NumpyOps(Ops):
         counts = pool_counts(x.shape[2:], pads, window, stride, count_include_pad, padding)
         with np.errstate(invalid="ignore", divide="ignore"):  # a window all in padding is 0/0: NaN
             return (total / counts).astype(x.dtype)
+
+
+_SCATTER = {"add": np.add, "mul": np.multiply, "max": np.maximum, "min": np.minimum}
 
 
 def _axes(axis):

@@ -23,11 +23,22 @@ from tensorflow.python.eager import record  # no public way to ask whether a tap
 from xdevice._errors import UnsupportedOp, message
 from xdevice.backends._shapes import as_tuple, conv_padding, pool_counts, pool_padding, slice_index
 from xdevice.backends.numpy.ops import numpy_dtype
-from xdevice.backends.opset import Array, Ops, float32_inside, masked_score
+from xdevice.backends.opset import DTYPES, NARROW_DTYPES, Array, Ops, float32_inside, masked_score
 
 __all__ = ["TensorflowOps"]
 
 _PAD_MODES = ["constant", "reflect", "edge"]
+
+# The narrow formats TensorFlow can cast (it holds the fnuz float8s too, but has no kernel for
+# them, not even Cast). Its Cast converts int4 only to and from other integers, and float8 only
+# from floats: other casts bridge through int64 or float32, which give numpy's values exactly.
+_INT4 = tuple(tf.as_dtype(name) for name in ("int4", "uint4"))
+_FLOAT8 = tuple(tf.as_dtype(name) for name in ("float8_e4m3fn", "float8_e5m2"))
+_NARROW = {d.name for d in _INT4 + _FLOAT8}
+
+# ScatterElements reductions as segment reductions
+_SEGMENT = {"add": tf.math.unsorted_segment_sum, "mul": tf.math.unsorted_segment_prod,
+            "max": tf.math.unsorted_segment_max, "min": tf.math.unsorted_segment_min}
 
 
 def _is_array(x: Any) -> bool:
@@ -67,6 +78,31 @@ def _operands(x: Any, y: Any) -> tuple[Array, Array]:
     return x, y
 
 
+def _tf_dtype(name: str) -> tf.DType:
+    """TensorFlow's dtype for a dtype name, or UnsupportedOp for one it cannot hold or cast."""
+    unusable = name in NARROW_DTYPES and name not in _NARROW
+    try:
+        dtype = None if unusable else tf.as_dtype(name)
+    except TypeError:
+        dtype = None
+    if dtype is None:
+        what = "TensorFlow has no Cast kernels for this dtype" if unusable else "TensorFlow has no such dtype"
+        raise UnsupportedOp(message(what, received=name, choices=[*DTYPES, *sorted(_NARROW)],
+                                    fix="cast on another backend (numpy has every ml_dtypes format)"))
+    return dtype
+
+
+def _castable(x: Array, dtype: tf.DType) -> Array:
+    """``x`` bridged through a wide type where TensorFlow has no direct Cast to ``dtype``."""
+    if x.dtype in _INT4 and not dtype.is_integer:
+        x = tf.cast(x, tf.int64)
+    if dtype in _INT4 and not x.dtype.is_integer:
+        x = tf.cast(x, tf.int64)  # floats truncate first, then wrap, as ml_dtypes does
+    if dtype in _FLOAT8 and not x.dtype.is_floating:
+        x = tf.cast(x, tf.float32)
+    return x
+
+
 def _constant(value: Any, dtype: tf.DType) -> Array:
     """A Python number in ``dtype`` as numpy converts it (floats to ints truncate)."""
     return tf.constant(np.asarray(value).astype(tf.as_dtype(dtype).as_numpy_dtype))
@@ -77,6 +113,41 @@ def _unary(fn):
     def op(self, x: Array) -> Array:
         return fn(_tensor(x))
     return op
+
+
+def _float_unary(fn):
+    """Like ``_unary``, for an op defined on floats: integers and booleans are first cast to
+    the float numpy computes them in (float16 for 8 bits, float32 for 16, else float64)."""
+    def op(self, x: Array) -> Array:
+        x = _tensor(x)
+        if not x.dtype.is_floating:
+            x = tf.cast(x, np.result_type(x.dtype.as_numpy_dtype, np.float16))
+        return fn(x)
+    return op
+
+
+def _unbroadcast(g: Array, x: Array) -> Array:
+    """The gradient ``g`` of a broadcast result, summed back to the shape of input ``x``."""
+    axes, _ = tf.raw_ops.BroadcastGradientArgs(s0=tf.shape(x), s1=tf.shape(g))
+    return tf.reshape(tf.reduce_sum(g, axes), tf.shape(x))
+
+
+@tf.custom_gradient
+def _fmod(x: Array, y: Array) -> Array:
+    # TensorFlow registers no gradient for TruncateMod; numpy's tape: d/dx 1, d/dy -trunc(x/y)
+    def grad(g):
+        quotient = x / y
+        quotient = tf.where(quotient < 0, tf.math.ceil(quotient), tf.math.floor(quotient))
+        return _unbroadcast(g, x), _unbroadcast(-g * quotient, y)
+    return tf.truncatemod(x, y), grad
+
+
+def _argsort_last(key: Array, descending: bool) -> Array:
+    """Stable argsort along the last axis: top_k puts the lower index first among equal keys;
+    ascending sorts the reversed key (-k for floats, ~k for integers, which cannot overflow)."""
+    if not descending:
+        key = -key if key.dtype.is_floating else tf.bitwise.invert(key)
+    return tf.math.top_k(key, tf.shape(key)[-1]).indices
 
 
 def _binary(fn):
@@ -188,6 +259,30 @@ def _windowed(x: Array, pads, window, stride, dilation, op, *, explicit=False, s
     return y
 
 
+@tf.custom_gradient
+def _cumprod_last(x):
+    """cumprod over the last axis; TensorFlow's own gradient divides by x (NaN at zeros)."""
+    out = tf.math.cumprod(x, axis=-1)
+
+    def grad(g):
+        # d out_j / d x_i = prod_{k <= j, k != i} x_k for j >= i: products with x_i set to 1
+        n = x.shape[-1]
+        eye = tf.eye(n, dtype=tf.bool)
+        others = tf.where(eye, tf.ones((), x.dtype), x[..., None, :])  # (..., i, k)
+        products = tf.math.cumprod(others, axis=-1)
+        later = tf.cast(tf.linalg.band_part(tf.ones((n, n), x.dtype), 0, -1), x.dtype)  # j >= i
+        return tf.reduce_sum(products * g[..., None, :] * later, axis=-1)
+
+    return out, grad
+
+
+def _cumprod(x, axis: int):
+    rank = x.shape.rank
+    perm = list(range(rank))
+    perm[axis], perm[-1] = perm[-1], perm[axis]  # a swap is its own inverse
+    return tf.transpose(_cumprod_last(tf.transpose(x, perm)), perm)
+
+
 class TensorflowOps(Ops):
     name = "tensorflow"
     # TensorFlow's uint32 arithmetic is patchy; int64 multiplies wrap and the hash masks to 32 bits
@@ -197,20 +292,26 @@ class TensorflowOps(Ops):
 
     def asarray(self, x: Any, dtype: str | None = None) -> Array:
         if _is_array(x):
-            return x if dtype is None or x.dtype == tf.as_dtype(dtype) else tf.cast(x, dtype)
+            return x if dtype is None or x.dtype == _tf_dtype(dtype) else self.cast(x, dtype)
+        if dtype is not None:
+            _tf_dtype(dtype)  # numpy would make the fnuz formats, which TensorFlow cannot cast
         return tf.convert_to_tensor(np.asarray(x, dtype=numpy_dtype(dtype) if dtype else None))
 
     def to_numpy(self, x: Array) -> Any:
         return x.numpy() if _is_array(x) else np.array(x, copy=True)
 
     def shape(self, x: Array) -> tuple[int, ...]:
-        return tuple(int(d) for d in x.shape) if _is_array(x) else np.shape(x)
+        if not _is_array(x):
+            return np.shape(x)
+        # a dimension unknown while tracing (a None batch) is only known at run time
+        return tuple(tf.shape(x)[i] if d is None else int(d) for i, d in enumerate(x.shape))
 
     def dtype(self, x: Array) -> str:
         return x.dtype.name if _is_array(x) else np.asarray(x).dtype.name
 
     def cast(self, x: Array, dtype: str) -> Array:
-        return tf.cast(_tensor(x), dtype)  # float to int truncates toward zero, as numpy
+        dtype = _tf_dtype(dtype)
+        return tf.cast(_castable(_tensor(x), dtype), dtype)  # float to int truncates toward zero, as numpy
 
     def zeros(self, shape: Sequence[int], dtype: str = "float32") -> Array:
         return tf.zeros(tuple(shape), dtype)
@@ -246,6 +347,18 @@ class TensorflowOps(Ops):
     isnan = _unary(tf.math.is_nan)
     isinf = _unary(tf.math.is_inf)
     stop_gradient = _unary(tf.stop_gradient)
+    asin = _float_unary(tf.math.asin)
+    acos = _float_unary(tf.math.acos)
+    atan = _float_unary(tf.math.atan)
+    sinh = _float_unary(tf.math.sinh)
+    cosh = _float_unary(tf.math.cosh)
+    asinh = _float_unary(tf.math.asinh)
+    acosh = _float_unary(tf.math.acosh)
+    atanh = _float_unary(tf.math.atanh)
+
+    def bitwise_not(self, x: Array) -> Array:
+        x = _tensor(x)
+        return tf.math.logical_not(x) if x.dtype == tf.bool else tf.bitwise.invert(x)
 
     def gelu(self, x: Array, approximate: bool = False) -> Array:
         return tf.nn.gelu(_tensor(x), approximate=approximate)
@@ -274,6 +387,18 @@ class TensorflowOps(Ops):
     greater = _binary(tf.math.greater)
     greater_equal = _binary(tf.math.greater_equal)
 
+    def fmod(self, x: Array, y: Array) -> Array:
+        x, y = map(tf.convert_to_tensor, _operands(x, y))  # variables read: custom_gradient takes tensors
+        dtype = x.dtype
+        if dtype.is_unsigned:
+            return tf.math.floormod(x, y)  # the same for non-negative operands; TruncateMod has no kernel
+        # TruncateMod has kernels for 32- and 64-bit types only; the remainder of two halves is
+        # exact in float32 and representable in their own type, so the round trip is exact
+        wide = {tf.float16: tf.float32, tf.bfloat16: tf.float32, tf.int8: tf.int32, tf.int16: tf.int32}.get(dtype)
+        if wide is not None:
+            return tf.cast(self.fmod(tf.cast(x, wide), tf.cast(y, wide)), dtype)
+        return _fmod(x, y) if dtype.is_floating else tf.truncatemod(x, y)
+
     def where(self, condition: Array, x: Array, y: Array) -> Array:
         condition = _tensor(condition)
         if condition.dtype != tf.bool:
@@ -281,6 +406,10 @@ class TensorflowOps(Ops):
         return tf.where(condition, *_operands(x, y))
 
     # -- linear algebra -------------------------------------------------------------------
+
+    @float32_inside  # TensorFlow has no half-precision determinant kernel
+    def det(self, x: Array) -> Array:
+        return tf.linalg.det(_tensor(x))
 
     def matmul(self, a: Array, b: Array) -> Array:
         a, b = _operands(a, b)
@@ -330,6 +459,33 @@ class TensorflowOps(Ops):
 
     def cumsum(self, x: Array, axis: int) -> Array:
         return tf.math.cumsum(_tensor(x), axis)
+
+    def cumprod(self, x: Array, axis: int) -> Array:
+        x = _tensor(x)
+        if not x.dtype.is_floating:  # numpy multiplies integers and booleans in 64 bits
+            x = tf.cast(x, tf.uint64 if x.dtype.is_unsigned else tf.int64)
+        if not x.dtype.is_floating:
+            return tf.math.cumprod(x, axis)
+        return _cumprod(x, axis % x.shape.rank)
+
+    def sort(self, x: Array, axis: int = -1, descending: bool = False) -> tuple[Array, Array]:
+        x = _tensor(x)
+        rank = x.shape.rank
+        perm = list(range(rank))  # top_k sorts the last axis: swap axis there (its own inverse)
+        perm[axis], perm[-1] = perm[-1], perm[axis]
+        moved = tf.transpose(x, perm)
+        key = tf.cast(moved, tf.int8) if moved.dtype == tf.bool else moved
+        if key.dtype.is_floating:
+            # top_k has no place for NaN: order the numbers (NaN as inf), then a second stable
+            # pass on the NaN flag moves NaN last ascending, first descending
+            nan = tf.math.is_nan(key)
+            order = _argsort_last(tf.where(nan, tf.constant(np.inf, key.dtype), key), descending)
+            flags = tf.cast(tf.gather(nan, order, batch_dims=rank - 1), tf.int8)
+            order = tf.gather(order, _argsort_last(flags, descending), batch_dims=rank - 1)
+        else:
+            order = _argsort_last(key, descending)
+        values = tf.gather(moved, order, batch_dims=rank - 1)
+        return tf.transpose(values, perm), tf.cast(tf.transpose(order, perm), tf.int64)
 
     # -- shape ----------------------------------------------------------------------------
 
@@ -394,6 +550,40 @@ class TensorflowOps(Ops):
         if indices.dtype.is_unsigned:
             return indices
         return tf.where(indices < 0, indices + tf.constant(size, indices.dtype), indices)
+
+    def scatter(self, x: Array, indices: Array, updates: Array, axis: int = 0,
+                reduction: str = "none") -> Array:
+        if reduction != "none" and reduction not in _SEGMENT:
+            raise UnsupportedOp(message("Unknown scatter reduction", received=reduction,
+                                        choices=["none", *_SEGMENT]))
+        x, index = _tensor(x), tf.cast(_tensor(indices), tf.int64)
+        rank, size = x.shape.rank, tf.shape(x, out_type=tf.int64)
+        axis %= rank
+        index = tf.where(index < 0, index + size[axis], index)
+        # the flat position in x of each update: its own coordinates, the index along axis
+        counts = tf.shape(index, out_type=tf.int64)
+        coords = [tf.reshape(tf.range(counts[d]), [-1 if e == d else 1 for e in range(rank)]) for d in range(rank)]
+        coords[axis] = index
+        target = coords[0]
+        for d in range(1, rank):
+            target = target * size[d] + coords[d]
+        updates = tf.cast(tf.broadcast_to(_tensor(updates), tf.shape(index)), x.dtype)
+        # x's own elements lead every segment: none is empty, and (on CPU, whose segment kernels
+        # run in order) the updates combine as numpy's ufunc.at does, onto x in index order
+        count = tf.size(x, out_type=tf.int64)
+        ids = tf.concat([tf.range(count), tf.reshape(target, [-1])], 0)
+        data = tf.concat([tf.reshape(x, [-1]), tf.reshape(updates, [-1])], 0)
+        if reduction == "none":
+            # the last write wins, deterministically: each element gathers the last entry aimed
+            # at it (TensorScatterUpdate leaves the order of duplicates open)
+            out = tf.gather(data, tf.math.unsorted_segment_max(tf.range(tf.size(ids, tf.int64)), ids, count))
+        else:
+            out = _SEGMENT[reduction](data, ids, count)
+            if reduction in ("max", "min") and x.dtype.is_floating:
+                # segment max/min keep or drop NaN by position; np.maximum.at propagates any
+                nan = tf.math.unsorted_segment_max(tf.cast(tf.math.is_nan(data), tf.int32), ids, count) > 0
+                out = tf.where(nan, tf.constant(np.nan, x.dtype), out)
+        return tf.reshape(out, size)
 
     def pad(self, x: Array, pad_width: Sequence[tuple[int, int]], mode: str = "constant",
             value: float = 0) -> Array:

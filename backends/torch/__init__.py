@@ -3,6 +3,7 @@
 from xdevice.backends.base import Backend
 from xdevice.backends.torch.autodiff import Autodiff
 from xdevice.backends.torch.devices import Devices
+from xdevice.backends.torch.export import Export
 from xdevice.backends.torch.memory import Memory
 from xdevice.backends.torch.native import Native
 from xdevice.backends.torch.ops import TorchOps
@@ -11,7 +12,7 @@ from xdevice.backends.torch.placement import Placement
 __all__ = ["TorchBackend"]
 
 
-class TorchBackend(Devices, Memory, Placement, Autodiff, Native, Backend):
+class TorchBackend(Devices, Memory, Placement, Autodiff, Native, Export, Backend):
     name = "torch"
     title = "PyTorch"
     supports_memory_limit = True

@@ -20,12 +20,16 @@ import torch.nn.functional as F
 
 from xdevice._errors import UnsupportedOp, message
 from xdevice.backends._shapes import as_tuple, conv_padding, pool_counts, pool_padding
-from xdevice.backends.opset import DTYPES, Array, Ops
+from xdevice.backends.numpy.ops import numpy_dtype
+from xdevice.backends.opset import DTYPES, NARROW_DTYPES, Array, Ops
 from xdevice.backends.torch.placement import host_array
 
 __all__ = ["TorchOps"]
 
-_DTYPES = {name: getattr(torch, name) for name in DTYPES}
+# torch holds the float8 formats; its int4/uint4 are shell dtypes without kernels (even a
+# copy into one fails), so they stay out
+_DTYPES = {name: getattr(torch, name)
+           for name in (*DTYPES, *(n for n in NARROW_DTYPES if n.startswith("float8")))}
 _CONV = {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}
 _MAX_POOL = {1: F.max_pool1d, 2: F.max_pool2d, 3: F.max_pool3d}
 _AVG_POOL = {1: F.avg_pool1d, 2: F.avg_pool2d, 3: F.avg_pool3d}
@@ -38,21 +42,27 @@ class TorchOps(Ops):
     # -- arrays ---------------------------------------------------------------------------
 
     def asarray(self, x: Any, dtype: str | None = None) -> Array:
-        want = _DTYPES[dtype] if dtype else None
+        want = _dtype(dtype) if dtype else None
         if isinstance(x, torch.Tensor):
             return x if want is None or x.dtype == want else x.to(want)
         if isinstance(x, np.ndarray):
             if not x.flags.writeable:  # torch would share (and could write) read-only memory
                 x = x.copy()
-            if x.dtype.name == "bfloat16":  # ml_dtypes' type: torch reads its bits as int16
-                return self.asarray(torch.as_tensor(x.view(np.int16)).view(torch.bfloat16), dtype)
+            if x.dtype.name == "bfloat16" or x.dtype.name in NARROW_DTYPES:
+                # ml_dtypes' types: torch reads their bits through a signed int of their width
+                bits = torch.as_tensor(x.view(f"i{x.dtype.itemsize}"))
+                return self.asarray(bits.view(_dtype(x.dtype.name)), dtype)
         return torch.as_tensor(x, dtype=want)  # as_tensor follows the default-device context
 
     def to_numpy(self, x: Array) -> Any:
+        if isinstance(x, torch.Tensor) and x.is_floating_point() and x.element_size() == 1:
+            # float8: torch's .numpy() refuses it; ml_dtypes' type reads the same bits
+            return host_array(x.view(torch.uint8), copy=True).view(numpy_dtype(self.dtype(x)))
         return host_array(x, copy=True) if isinstance(x, torch.Tensor) else np.array(x)
 
     def shape(self, x: Array) -> tuple[int, ...]:
-        return tuple(int(d) for d in x.shape) if isinstance(x, torch.Tensor) else np.shape(x)
+        # tuple() keeps a torch.export SymInt symbolic; int() would pin the dim to its example
+        return tuple(x.shape) if isinstance(x, torch.Tensor) else np.shape(x)
 
     def dtype(self, x: Array) -> str:
         return str(x.dtype).removeprefix("torch.")
@@ -61,18 +71,18 @@ class TorchOps(Ops):
         return self.asarray(x, dtype)
 
     def zeros(self, shape: Sequence[int], dtype: str = "float32") -> Array:
-        return torch.zeros(tuple(shape), dtype=_DTYPES[dtype])
+        return torch.zeros(tuple(shape), dtype=_dtype(dtype))
 
     def ones(self, shape: Sequence[int], dtype: str = "float32") -> Array:
-        return torch.ones(tuple(shape), dtype=_DTYPES[dtype])
+        return torch.ones(tuple(shape), dtype=_dtype(dtype))
 
     def full(self, shape: Sequence[int], value: float, dtype: str = "float32") -> Array:
-        return torch.full(tuple(shape), value, dtype=_DTYPES[dtype])
+        return torch.full(tuple(shape), value, dtype=_dtype(dtype))
 
     def arange(self, start: int, stop: int | None = None, step: int = 1, dtype: str = "int32") -> Array:
         if stop is None:
             start, stop = 0, start
-        return torch.arange(start, stop, step, dtype=_DTYPES[dtype])
+        return torch.arange(start, stop, step, dtype=_dtype(dtype))
 
     # -- elementwise ----------------------------------------------------------------------
 
@@ -120,6 +130,74 @@ class TorchOps(Ops):
 
     def round(self, x: Array) -> Array:
         return torch.round(x)  # half to even, as numpy
+
+    def asin(self, x: Array) -> Array:
+        return torch.asin(x)
+
+    def acos(self, x: Array) -> Array:
+        return torch.acos(x)
+
+    def atan(self, x: Array) -> Array:
+        return torch.atan(x)
+
+    def sinh(self, x: Array) -> Array:
+        return torch.sinh(x)
+
+    def cosh(self, x: Array) -> Array:
+        return torch.cosh(x)
+
+    def asinh(self, x: Array) -> Array:
+        return torch.asinh(x)
+
+    def acosh(self, x: Array) -> Array:
+        return torch.acosh(x)
+
+    def atanh(self, x: Array) -> Array:
+        return torch.atanh(x)
+
+    def bitwise_not(self, x: Array) -> Array:
+        if x.dtype in _SIGNED_TWIN:  # no kernel for uint16/32/64; the complement is the same bits
+            return torch.bitwise_not(x.view(_SIGNED_TWIN[x.dtype])).view(x.dtype)
+        return torch.bitwise_not(x)  # logical not for bool
+
+    def fmod(self, x: Array, y: Array) -> Array:
+        x, y = _tensors(x, y)  # torch.fmod takes no number first
+        if x.is_floating_point() or y.is_floating_point():
+            return torch.fmod(x, y)
+        # integer division by zero raises in torch's CPU kernel; numpy gives 0
+        zero = y == 0
+        return torch.where(zero, 0, torch.fmod(x, torch.where(zero, 1, y)))
+
+    def cumprod(self, x: Array, axis: int) -> Array:
+        return torch.cumprod(x, dim=axis)
+
+    def sort(self, x: Array, axis: int = -1, descending: bool = False) -> tuple[Array, Array]:
+        # stable=True keeps equal values (and NaNs, which torch puts where the reference
+        # does: last ascending, first descending) in index order both ways
+        return tuple(torch.sort(x, dim=axis, descending=descending, stable=True))
+
+    def scatter(self, x: Array, indices: Array, updates: Array, axis: int = 0,
+                reduction: str = "none") -> Array:
+        index = torch.as_tensor(indices, device=x.device).long()
+        index = torch.where(index < 0, index + x.shape[axis], index)
+        updates = torch.broadcast_to(torch.as_tensor(updates, device=x.device), index.shape).to(x.dtype)
+        if reduction in _SCATTER:
+            return torch.scatter_reduce(x, axis, index, updates, _SCATTER[reduction], include_self=True)
+        if reduction != "none":
+            raise UnsupportedOp(message("Unknown scatter reduction", received=reduction,
+                                        choices=["none", *_SCATTER]))
+        # torch.scatter leaves which duplicate wins to the kernel. Instead each element of x
+        # finds the last (row-major) update aimed at it, a max that no order can change,
+        # and takes that one by a gather: a loser then gets no gradient either.
+        if not index.numel():
+            return x.clone()
+        order = torch.arange(index.numel(), device=x.device).reshape(index.shape)
+        last = torch.full(x.shape, -1, device=x.device).scatter_reduce(axis, index, order, "amax")
+        taken = updates.reshape(-1)[last.clamp(min=0)]
+        return torch.where(last >= 0, taken, x)
+
+    def det(self, x: Array) -> Array:
+        return torch.linalg.det(_floating(x))
 
     def relu(self, x: Array) -> Array:
         return torch.relu(x)
@@ -430,9 +508,10 @@ class TorchOps(Ops):
             # no gradient to q or k (torch's kernels give zeros or NaN). A zero query row with
             # every key allowed is exactly that. On the CPU, seeing that no row is fully masked
             # costs nothing; on an accelerator it would stall, so the fix always runs there.
+            # A trace (torch.export, torch.compile) cannot branch on data: it always fixes.
             mask = self.asarray(mask, "bool")
             attends = mask.any(dim=-1, keepdim=True)
-            if mask.device.type != "cpu" or not bool(attends.all()):
+            if mask.device.type != "cpu" or torch.compiler.is_compiling() or not bool(attends.all()):
                 q, mask = torch.where(attends, q, 0.0), mask | ~attends
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
 
@@ -465,6 +544,10 @@ class TorchOps(Ops):
         return F.cross_entropy(logits, torch.as_tensor(labels, device=logits.device).long())
 
 
+_SCATTER = {"add": "sum", "mul": "prod", "max": "amax", "min": "amin"}
+_SIGNED_TWIN = {torch.uint16: torch.int16, torch.uint32: torch.int32, torch.uint64: torch.int64}
+
+
 class _BatchStats(torch.autograd.Function):
     """A batch's per-channel mean and biased variance, already computed, with their exact
     gradient: ``d mean / dx = 1/n`` and ``d var / dx = 2 (x - mean) / n``."""
@@ -489,6 +572,15 @@ def _rnn_flags() -> tuple:
     batch_first`` for one batch-first layer; ``train`` makes cuDNN keep what its backward
     needs, so it is on exactly when a gradient may be taken."""
     return True, 1, 0.0, torch.is_grad_enabled(), False, True
+
+
+def _dtype(name: str) -> torch.dtype:
+    try:
+        return _DTYPES[name]
+    except KeyError:  # int4/uint4 among them: say so, not a bare KeyError
+        raise UnsupportedOp(message("The torch backend has no such dtype", received=name, choices=list(_DTYPES),
+                                    fix="hold int4/uint4 values in int8/uint8" if name in NARROW_DTYPES else None)
+                            ) from None
 
 
 def _axes(axis: int | Sequence[int]) -> int | tuple[int, ...]:

@@ -62,6 +62,31 @@ for name in ("negative", "exp", "sin", "cos", "tanh", "sigmoid", "erf", "gelu", 
     case(name, name, normal(3, 4), grad=[0])
 for name in ("log", "sqrt", "reciprocal", "rsqrt"):
     case(name, name, positive(3, 4), grad=[0])
+for name in ("asin", "acos", "atanh"):
+    case(name, name, lambda rng: rng.uniform(-0.9, 0.9, (3, 4)), grad=[0])
+for name in ("atan", "sinh", "cosh", "asinh"):
+    case(name, name, normal(3, 4), grad=[0])
+case("acosh", "acosh", lambda rng: rng.uniform(1.1, 3.0, (3, 4)), grad=[0])
+case("bitwise_not-int", "bitwise_not", ints(-100, 100, 3, 4))
+case("bitwise_not-bool", "bitwise_not", bools(3, 4))
+case("fmod-float", "fmod", lambda rng: rng.uniform(-5, 5, (3, 4)), away_from_zero(3, 4), grad=[0])
+case("fmod-int", "fmod", ints(-20, 20, 3, 4), lambda rng: rng.choice([-5, -3, 2, 7], size=(3, 4)).astype("int32"))
+case("cumprod", "cumprod", away_from_zero(3, 4), grad=[0], axis=1)
+case("cumprod-with-zero", "cumprod", lambda rng: np.array([[1.5, 0.0, 2.0, -3.0], [0.5, 2.0, 0.0, 1.0]]), grad=[0],
+     axis=1)
+case("sort", "sort", normal(3, 5), grad=[0], axis=1)
+case("sort-descending-ties", "sort", lambda rng: np.array([[2.0, 1.0, 2.0, 0.5, 1.0]]), axis=-1, descending=True)
+case("sort-ascending-ties-axis0", "sort", lambda rng: np.array([[1.0, 2.0], [1.0, 0.0], [0.5, 2.0]]), axis=0)
+case("scatter", "scatter", normal(3, 5), lambda rng: np.array([[0, 4], [2, -1], [1, 3]]), normal(3, 2),
+     grad=[0, 2], axis=1)
+case("scatter-add-duplicates", "scatter", normal(3, 5), lambda rng: np.array([[0, 0], [2, 2], [1, 3]]),
+     normal(3, 2), grad=[0, 2], axis=1, reduction="add")
+case("scatter-duplicates-last-wins", "scatter", normal(2, 4), lambda rng: np.array([[1, 1, -3], [0, 2, 0]]),
+     normal(2, 3), grad=[0, 2], axis=1)
+for reduction in ("mul", "max", "min"):
+    case(f"scatter-{reduction}", "scatter", normal(4, 3), lambda rng: np.array([[1, 0, 2], [3, 3, 0]]),
+         normal(2, 3), axis=0, reduction=reduction)
+case("det", "det", lambda rng: rng.normal(size=(2, 3, 3)) + 3 * np.eye(3), grad=[0])
 case("tan", "tan", lambda rng: rng.uniform(-1, 1, (3, 4)), grad=[0])
 case("abs", "abs", away_from_zero(3, 4), grad=[0])
 case("relu", "relu", away_from_zero(3, 4), grad=[0])

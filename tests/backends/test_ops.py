@@ -61,6 +61,7 @@ def run(backend, case, inputs, dtype):
     return outputs(getattr(ops, case.op)(*[to_backend(ops, v, dtype) for v in inputs], **case.kwargs))
 
 
+
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
 def test_op_matches_the_numpy_reference(backend, case):
     inputs = case.inputs(np.random.default_rng(0))

@@ -23,6 +23,7 @@ def parameters(spec: dict) -> dict[str, Param]:
 
 def apply(ops, params, x, spec, train=False):
     embedded = ops.take(params["embedding.weight"], x, axis=0)
+    # the batch from the input's own shape: a dynamic one while exporting (see Ops.shape)
     zeros = ops.zeros((ops.shape(x)[0], spec["hidden"]), ops.dtype(params["lstm.w_hh"]))
     _, h, _ = ops.lstm(embedded, zeros, zeros, params["lstm.w_ih"], params["lstm.w_hh"], params["lstm.b"])
     y = ops.linear(h, params["out.weight"], params["out.bias"])

@@ -31,19 +31,19 @@ def parameters(spec: dict) -> dict[str, Param]:
 
 
 def apply(ops, params, x, spec, train=False):
-    n, t = ops.shape(x)
+    t = ops.shape(x)[1]  # the batch stays -1 in reshapes: it may only be known at run time
     d, heads, eps = spec["width"], spec["heads"], spec["eps"]
     keep = ops.not_equal(x, 0)  # (N, T): real tokens
     h = ops.add(ops.take(params["tokens.weight"], x, axis=0),
                 ops.slice(params["positions.weight"], [0], [t], axes=[0]))
-    mask = ops.reshape(keep, (n, 1, 1, t))
+    mask = ops.reshape(keep, (-1, 1, 1, t))
     for i in range(spec["blocks"]):
         b = f"block{i}"
         y = ops.layer_norm(h, params[f"{b}.norm1.scale"], params[f"{b}.norm1.offset"], eps=eps)
         qkv = ops.linear(y, params[f"{b}.attn.qkv.weight"], params[f"{b}.attn.qkv.bias"])
-        q, k, v = (ops.transpose(ops.reshape(part, (n, t, heads, d // heads)), (0, 2, 1, 3))
+        q, k, v = (ops.transpose(ops.reshape(part, (-1, t, heads, d // heads)), (0, 2, 1, 3))
                    for part in ops.split(qkv, 3, axis=-1))
-        attended = ops.reshape(ops.transpose(ops.attention(q, k, v, mask), (0, 2, 1, 3)), (n, t, d))
+        attended = ops.reshape(ops.transpose(ops.attention(q, k, v, mask), (0, 2, 1, 3)), (-1, t, d))
         h = ops.add(h, ops.linear(attended, params[f"{b}.attn.out.weight"], params[f"{b}.attn.out.bias"]))
         y = ops.layer_norm(h, params[f"{b}.norm2.scale"], params[f"{b}.norm2.offset"], eps=eps)
         y = ops.gelu(ops.linear(y, params[f"{b}.mlp.fc1.weight"], params[f"{b}.mlp.fc1.bias"]))

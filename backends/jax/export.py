@@ -1,0 +1,92 @@
+"""ONNX export from JAX: jax2onnx traces a function of the inputs, weights closed over.
+
+The model is an ``(apply_fn, params)`` pair or a plain function of arrays; the params become
+initializers. A dynamic batch is a JAX symbolic dimension named ``batch``, shared by every
+input. Zoo models trace over :class:`ExportOps`, which computes the same functions as the
+JAX op set in forms that jax2onnx 0.17 lowers correctly (see each method); a user's own
+function is traced as written.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from xdevice.backends._common import as_function, exporter_failed, flat_outputs
+from xdevice.backends._functional import Functional
+from xdevice.backends._shapes import as_tuple, pool_padding
+from xdevice.backends.jax.ops import JaxOps, _lowest
+
+__all__ = ["Export", "ExportOps"]
+
+
+class ExportOps(JaxOps):
+    """The JAX op set, with two ops reformulated for jax2onnx (same results)."""
+
+    def take(self, x: Any, indices: Any, axis: int = 0) -> Any:
+        # mode="wrap" computes indices % n with an integer lax.rem, whose jax2onnx lowering
+        # fails on a symbolic batch. Wrapping negatives once and gathering is the op's contract
+        # (numpy's take: -n <= index < n).
+        if isinstance(indices, (int, np.integer)):
+            return super().take(x, indices, axis)
+        indices = jnp.asarray(indices)
+        size = np.shape(x)[axis]
+        return jnp.take(x, jnp.where(indices < 0, indices + size, indices), axis=axis, mode="clip")
+
+    def max_pool(self, x: Any, window: Any, stride: Any = None, padding: Any = 0, dilation: Any = 1,
+                 ceil_mode: bool = False) -> Any:
+        # jax2onnx lowers a reduce_window over (N, C, *spatial) to an ONNX MaxPool of rank
+        # len(spatial) + 2, which ONNX Runtime cannot run beyond 3 spatial axes. Folding N and C
+        # into one axis keeps the pool at len(spatial) + 1.
+        shape = np.shape(x)
+        dims = len(shape) - 2
+        window, dilation = as_tuple(window, dims), as_tuple(dilation, dims)
+        stride = as_tuple(stride or window, dims)
+        pads = pool_padding(padding, shape[2:], window, stride, dilation, ceil_mode)
+        folded = jnp.reshape(x, (-1, *shape[2:]))
+        y = lax.reduce_window(folded, _lowest(x.dtype), lax.max, (1, *window), (1, *stride),
+                              ((0, 0), *pads), window_dilation=(1, *dilation))
+        return jnp.reshape(y, (-1, shape[1], *np.shape(y)[1:]))
+
+
+_EXPORT_OPS = ExportOps()
+
+
+class Export:
+    def export_onnx(self, target: Any, example_inputs: tuple[Any, ...], opset: int,
+                    dynamic_batch: bool) -> Any:
+        from jax2onnx import to_onnx
+
+        function = as_function(_for_export(target))
+        scope = jax.export.SymbolicScope()  # one "batch" symbol for every input
+        specs = [jax.ShapeDtypeStruct(
+            jax.export.symbolic_shape(", ".join(["batch", *map(str, x.shape[1:])]), scope=scope)
+            if dynamic_batch else x.shape, x.dtype) for x in example_inputs]
+        double = any(np.dtype(x.dtype) == np.float64 for x in example_inputs)
+        try:
+            with warnings.catch_warnings():  # jax2onnx's own deprecation notices
+                warnings.simplefilter("ignore", DeprecationWarning)
+                warnings.simplefilter("ignore", FutureWarning)
+                return to_onnx(lambda *xs: tuple(flat_outputs(function(*xs))), specs, opset=opset,
+                               enable_double_precision=double)
+        except Exception as error:  # jax2onnx raises many types; each is reported the same way
+            raise exporter_failed("jax2onnx", error,
+                                  "a JAX primitive without a jax2onnx lowering: rewrite that "
+                                  "part with other jax.numpy / lax ops, or try another opset") from error
+
+    def native_outputs(self, target: Any, inputs: tuple[Any, ...]) -> list[Any]:
+        return [self.ops.to_numpy(y) for y in flat_outputs(as_function(target)(*inputs))]
+
+
+def _for_export(target: Any) -> Any:
+    """A zoo model's pair with its function over :class:`ExportOps`; anything else as is."""
+    if isinstance(target, tuple) and len(target) == 2 and isinstance(target[0], Functional):
+        apply_fn, params = target
+        return Functional(apply_fn.backend, apply_fn.model_name, apply_fn.spec, apply_fn._apply,
+                          _EXPORT_OPS), params
+    return target

@@ -1,0 +1,84 @@
+"""ONNX export from TensorFlow: the model wrapped in a ``tf.function``, converted by tf2onnx.
+
+Whatever the model is (a Keras 3 model, a ``tf.Module``, a ``tf.function``, any callable of
+tensors), it is called inside a new ``tf.function`` whose input signature has a ``None``
+batch, and ``tf2onnx.convert.from_function`` converts that. (``from_keras`` breaks on
+Keras 3 ``Sequential`` models; a function works for all of them.) Keras models are called
+with ``training=False``.
+
+One handler is added: ``tf.nn.gelu`` computes with ``Erfc``, which tf2onnx 1.17 passes
+through as an op ONNX does not have; it becomes ``1 - Erf(x)`` (``Erf`` is in every opset
+tf2onnx writes).
+"""
+
+from __future__ import annotations
+
+import sys
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import tensorflow as tf
+
+from xdevice._errors import ConversionError, message
+from xdevice.backends._common import exporter_failed, flat_outputs
+
+__all__ = ["Export"]
+
+
+class Export:
+    def export_onnx(self, target: Any, example_inputs: tuple[Any, ...], opset: int,
+                    dynamic_batch: bool) -> Any:
+        import tf2onnx
+
+        call = _inference_call(target)
+        signature = [tf.TensorSpec((None if dynamic_batch else x.shape[0], *x.shape[1:]),
+                                   tf.as_dtype(x.dtype), name=f"input_{i}")
+                     for i, x in enumerate(example_inputs)]
+        function = tf.function(lambda *xs: flat_outputs(call(*xs)), input_signature=signature)
+        try:
+            with warnings.catch_warnings():  # tf2onnx's use of deprecated TF and numpy APIs
+                warnings.simplefilter("ignore", DeprecationWarning)
+                warnings.simplefilter("ignore", FutureWarning)
+                model, _ = tf2onnx.convert.from_function(
+                    function, input_signature=signature, opset=opset, custom_op_handlers={"Erfc": (_erfc, [])})
+        except Exception as error:  # tf2onnx raises many types; each is reported the same way
+            raise exporter_failed("tf2onnx", error,
+                                  "the model must trace under tf.function with a None batch "
+                                  "(no Python int of the batch size); or try another opset") from error
+        return model
+
+    def native_outputs(self, target: Any, inputs: tuple[Any, ...]) -> list[Any]:
+        call = _inference_call(target)
+        return [self.ops.to_numpy(y) for y in flat_outputs(call(*(tf.convert_to_tensor(x) for x in inputs)))]
+
+
+def _inference_call(target: Any) -> Callable[..., Any]:
+    """``target`` as a function of input tensors, in inference mode."""
+    keras = sys.modules.get("keras")
+    if keras is not None and isinstance(target, keras.Layer):
+        if keras.backend.backend() != "tensorflow":
+            raise ConversionError(message(
+                "This Keras model runs on another backend than TensorFlow",
+                expected="Keras with KERAS_BACKEND=tensorflow", received=keras.backend.backend(),
+                fix="export it with that framework's exporter, or set KERAS_BACKEND=tensorflow"))
+        # a multi-input Keras model takes its inputs as one list
+        return lambda *xs: target(xs[0] if len(xs) == 1 else list(xs), training=False)
+    if not callable(target):
+        raise ConversionError(message(
+            "Cannot export this object from TensorFlow",
+            expected="a Keras model, a tf.Module with __call__, a tf.function or a function of tensors",
+            received=type(target).__qualname__))
+    return target
+
+
+def _erfc(ctx: Any, node: Any, name: str, args: Any) -> None:
+    """tf2onnx handler: ``Erfc(x)`` as ``1 - Erf(x)``."""
+    from tf2onnx import utils
+
+    node.type = "Erf"
+    dtype = utils.map_onnx_to_numpy_type(ctx.get_dtype(node.output[0]))
+    one = ctx.make_const(utils.make_name(f"{name}_one"), np.array(1, dtype=dtype))
+    complement = ctx.insert_new_node_on_output("Sub", node.output[0], name=utils.make_name(name))
+    ctx.replace_inputs(complement, [one.output[0], node.output[0]])

@@ -1,0 +1,135 @@
+"""ONNX export from PyTorch: ``torch.export`` traces the module, ``torch.onnx`` translates.
+
+Two steps instead of ``torch.onnx.export(module, ...)`` alone: given a module, that call
+retries a failed trace with a draft export that silently pins a dynamic batch to the
+example's size. Tracing with ``torch.export`` first turns that into an error naming the
+line that specialised the batch; ``torch.onnx.export`` (onnxscript, ``dynamo=True``) then
+translates the traced program.
+
+One translation is replaced: onnxscript turns ``aten::index`` with int32 indices (an
+embedding looked up with ``x[ids]``) into a ``GatherND`` with int32 indices, which ONNX
+forbids (onnxscript 0.7); the replacement casts the indices to int64 first.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import logging
+import warnings
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+from xdevice._errors import ConversionError, message
+from xdevice.backends._common import exporter_failed, flat_outputs
+
+__all__ = ["Export"]
+
+
+class _Flat(torch.nn.Module):
+    """``target``'s forward with its outputs flattened to a tuple (the graph's output order)."""
+
+    def __init__(self, target: Any):
+        super().__init__()
+        self.target = target  # a module registers as a child: its weights become initializers
+
+    def forward(self, *xs: Any) -> tuple[Any, ...]:
+        return tuple(flat_outputs(self.target(*xs)))
+
+
+class Export:
+    def export_onnx(self, target: Any, example_inputs: tuple[Any, ...], opset: int,
+                    dynamic_batch: bool) -> Any:
+        module = _Flat(target)
+        args = tuple(torch.as_tensor(x, device=_device_of(target)) for x in example_inputs)
+        shapes = None
+        if dynamic_batch:
+            if any(x.shape[0] < 2 for x in args):
+                # torch.export takes a size of 0 or 1 for a constant and would pin the batch
+                raise ConversionError(message(
+                    "torch.export needs an example batch of at least 2 for a dynamic batch",
+                    received=[tuple(x.shape) for x in args],
+                    fix="pass example inputs with 2 or more rows, or dynamic_batch=False"))
+            batch = torch.export.Dim("batch")
+            shapes = (tuple({0: batch} for _ in args),)  # forward(*xs): one entry, for xs
+        with _inference(module), _quiet():
+            try:
+                program = torch.export.export(module, args, dynamic_shapes=shapes, strict=False)
+            except Exception as error:  # torch raises many types; each is reported the same way
+                raise exporter_failed("torch.export", error,
+                                      "make the forward traceable: no Python branches on tensor "
+                                      "values, and no int() of a batch-sized dimension") from error
+            try:
+                onnx_program = torch.onnx.export(program, args, dynamo=True, opset_version=opset,
+                                                 custom_translation_table=_translations(),
+                                                 verbose=False)
+            except Exception as error:
+                raise exporter_failed("torch.onnx", error,
+                                      "an aten op without an ONNX translation: try another opset, "
+                                      "or export from another backend") from error
+        return onnx_program.model_proto
+
+    def native_outputs(self, target: Any, inputs: tuple[Any, ...]) -> list[Any]:
+        module = _Flat(target)
+        device = _device_of(target)
+        with _inference(module), torch.no_grad():
+            outputs = module(*(torch.as_tensor(x, device=device) for x in inputs))
+        return [self.ops.to_numpy(y) for y in outputs]
+
+
+def _device_of(target: Any) -> torch.device:
+    """Where ``target``'s weights live (inputs must be there too); the CPU when it has none."""
+    if isinstance(target, torch.nn.Module):
+        first = next(itertools.chain(target.parameters(), target.buffers()), None)
+        if first is not None:
+            return first.device
+    return torch.device("cpu")
+
+
+@contextlib.contextmanager
+def _inference(module: torch.nn.Module) -> Iterator[None]:
+    """``module`` in eval mode (dropout off, batch norm on running statistics), and every
+    submodule's own mode restored afterwards."""
+    modes = {m: m.training for m in module.modules()}
+    module.eval()
+    try:
+        yield
+    finally:
+        for m, training in modes.items():
+            m.training = training
+
+
+@contextlib.contextmanager
+def _quiet() -> Iterator[None]:
+    """Silence torch's own deprecation notices and its 'torchvision is not installed' log
+    lines while exporting: they are about torch internals, not the user's model."""
+    registry = logging.getLogger("torch.onnx._internal.exporter._registration")
+    level = registry.level
+    registry.setLevel(logging.ERROR)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)
+            warnings.simplefilter("ignore", DeprecationWarning)
+            yield
+    finally:
+        registry.setLevel(level)
+
+
+def _translations() -> dict[Any, Any]:
+    from onnxscript import ir
+    from onnxscript import opset18 as op
+    from onnxscript.function_libs.torch_lib.ops import core
+
+    def int64(index: Any) -> Any:
+        if index is None or index.dtype in (ir.DataType.BOOL, ir.DataType.INT64):
+            return index
+        cast = op.Cast(index, to=ir.DataType.INT64)
+        cast.shape, cast.dtype = index.shape, ir.DataType.INT64  # the tracer does not infer them
+        return cast
+
+    def aten_index(self: Any, indices: Any) -> Any:
+        return core.aten_index(self, [int64(index) for index in indices])
+
+    return {torch.ops.aten.index.Tensor: aten_index}

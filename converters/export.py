@@ -1,0 +1,506 @@
+"""ONNX export: any model in, a checked and verified ONNX model out.
+
+``export`` finds the framework by what the model is, looking in ``sys.modules`` first so
+nothing is imported to find out:
+
+| model | exported by |
+|---|---|
+| a zoo :class:`~xdevice.models.Model` | its backend, or ``backend=`` (moved there first) |
+| a ``torch.nn.Module`` | torch (``torch.export`` + ``torch.onnx``) |
+| a Keras model, a ``tf.Module``, a ``tf.function`` | tensorflow (tf2onnx) |
+| an ``(apply_fn, params)`` pair | the framework of ``params``' arrays (jax2onnx for JAX) |
+| a plain function | ``backend=``, else jax |
+
+The backend's exporter writes a ModelProto; every result then goes through the same
+steps. Inputs and outputs are renamed ``input`` and ``output`` (``input_0``, ``input_1``...
+when there are several) and, with ``dynamic_batch``, axis 0 of every input and output is the
+symbolic dimension ``batch``. ``onnx.checker`` (full check) and strict shape inference run on
+every model. The opset is read back from the model: exporters may write another than the
+one asked for, and the one written is reported. With ``verify``, ONNX Runtime runs the model
+on the CPU against the source framework's own outputs, on the example inputs and, when the
+batch is dynamic, on a second batch size, under ``xdevice._tolerance``'s table; a
+disagreement raises ``ConversionError`` naming the output, the worst index and both values.
+
+A model larger than protobuf's 2 GiB limit is written with its tensors in one external data
+file next to the ``.onnx`` (``<name>.onnx.data``, in the same folder).
+
+This module imports no framework, and onnx and ONNX Runtime only when it runs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from xdevice import _registry
+from xdevice._errors import ConversionError, message
+from xdevice._tolerance import Comparison, compare
+from xdevice.backends._common import flat_outputs
+
+__all__ = ["export", "verify", "ExportResult", "Verification", "TensorInfo", "BATCH"]
+
+#: the name of the dynamic batch dimension in every exported model
+BATCH = "batch"
+#: protobuf cannot serialise one message of 2 GiB; larger models keep tensors outside
+EXTERNAL_DATA_BYTES = 2**31 - 2**24
+
+
+@dataclasses.dataclass(frozen=True)
+class TensorInfo:
+    """One input or output of an exported model; a dynamic dimension is its name."""
+
+    name: str
+    shape: tuple[int | str, ...]
+    dtype: str
+
+    def __str__(self) -> str:
+        return f"{self.name} {self.dtype}[{', '.join(map(str, self.shape))}]"
+
+
+@dataclasses.dataclass(frozen=True)
+class Verification:
+    """One output of the ONNX model compared with the source framework's, at one batch size."""
+
+    output: str
+    batch: int
+    comparison: Comparison
+
+    def __str__(self) -> str:
+        c = self.comparison
+        return (f"{self.output} at batch {self.batch}: max abs error {c.max_abs:.2g} "
+                f"(allowed {c.atol:g} + {c.rtol:g} * |expected|)")
+
+
+@dataclasses.dataclass(frozen=True)
+class ExportResult:
+    """What ``export`` made, and how it checked it.
+
+    Attributes:
+        model: the ``onnx.ModelProto`` (tensors in memory, even when written externally).
+        path: where it was written, or None.
+        backend: the framework that exported it.
+        opset: the default-domain opset the model declares (read back, not the one asked for).
+        requested_opset: the opset that was asked for.
+        producer: the exporter that wrote it, as the model names it ("pytorch 2.13.0").
+        inputs, outputs: names, shapes (``"batch"`` where dynamic) and dtypes.
+        verification: one comparison per output and batch size (empty with ``verify=False``).
+        seconds: time the framework's exporter took.
+    """
+
+    model: Any
+    path: Path | None
+    backend: str
+    opset: int
+    requested_opset: int
+    producer: str
+    inputs: tuple[TensorInfo, ...]
+    outputs: tuple[TensorInfo, ...]
+    verification: tuple[Verification, ...]
+    seconds: float
+
+    @property
+    def dynamic_batch(self) -> bool:
+        return any(BATCH in t.shape for t in self.inputs)
+
+    @property
+    def max_abs_error(self) -> float | None:
+        """The largest absolute error over every verified output, or None if not verified."""
+        return max((v.comparison.max_abs for v in self.verification), default=None)
+
+    def __str__(self) -> str:
+        asked = "" if self.opset == self.requested_opset else f" (asked for {self.requested_opset})"
+        lines = [f"exported from {self.backend} by {self.producer} in {self.seconds:.2f} s",
+                 f"opset     {self.opset}{asked}"]
+        lines += [f"input     {t}" for t in self.inputs]
+        lines += [f"output    {t}" for t in self.outputs]
+        lines += [f"verified  {v}" for v in self.verification] or ["verified  no (verify=False)"]
+        if self.path is not None:
+            lines.append(f"written   {self.path}")
+        return "\n".join(lines)
+
+
+def export(model: Any, path: str | os.PathLike | None = None, *, backend: str | None = None,
+           example_inputs: Any = None, opset: int = 18, dynamic_batch: bool = True,
+           verify: bool = True) -> ExportResult:
+    """``model`` as an ONNX model: exported, checked, and verified against its source.
+
+    Args:
+        model: a zoo ``Model`` or a native model (see the module docstring).
+        path: where to write the ``.onnx`` (folders are created); None keeps it in memory.
+        backend: the framework to export from: required for a plain function of another
+            framework than JAX; for a zoo model, moves it there first.
+        example_inputs: an array or a tuple of arrays (numpy or the framework's), batch first.
+            Zoo models default to ``model.example_input()``; native models need them.
+        opset: the ONNX opset to ask the exporter for.
+        dynamic_batch: make axis 0 of every input and output the symbolic ``batch``.
+        verify: compare ONNX Runtime's outputs with the framework's (see the module docstring).
+
+    Raises:
+        ConversionError: the exporter failed, the model fails onnx's checks, or its outputs
+            disagree with the source's.
+
+    >>> from xdevice import models
+    >>> result = export(models.build("mlp", backend="torch"), "mlp.onnx")  # doctest: +SKIP
+    >>> result.opset, result.inputs[0].shape  # doctest: +SKIP
+    (18, ('batch', 784))
+    """
+    name, target, inputs, second = _source(model, backend, example_inputs, dynamic_batch)
+    exporter = _registry.backend(name)
+    start = time.perf_counter()
+    proto = exporter.export_onnx(target, inputs, opset, dynamic_batch)
+    seconds = time.perf_counter() - start
+    _name_inputs_and_outputs(proto, dynamic_batch)
+    producer = f"{proto.producer_name} {proto.producer_version}".strip()
+    source = lambda *xs: exporter.native_outputs(target, xs)  # noqa: E731
+    with _staged(proto, path) as location:
+        _check(proto, location, producer)
+        inputs_info = tuple(_info(v) for v in _graph_inputs(proto))
+        _check_batch(inputs_info, dynamic_batch, producer)
+        checks: list[Verification] = []
+        if verify:
+            checks += _verify(proto, source, inputs, location)
+            if dynamic_batch:
+                checks += _verify(proto, source, second, location)
+    return ExportResult(model=proto, path=Path(path) if path is not None else None, backend=name,
+                        opset=_opset(proto), requested_opset=opset, producer=producer,
+                        inputs=inputs_info, outputs=tuple(_info(v) for v in proto.graph.output),
+                        verification=tuple(checks), seconds=seconds)
+
+
+def verify(model: Any, source: Callable[..., Any], inputs: Any) -> list[Verification]:
+    """Run ``model`` (a ModelProto) in ONNX Runtime on the CPU and compare every output with
+    ``source(*inputs)`` under the tolerance table.
+
+    Args:
+        model: the ONNX model.
+        source: the reference, called with the numpy ``inputs``; returns an array or a
+            tuple/list/dict of them, flattened in the order the model lists its outputs.
+        inputs: an array or a tuple of arrays, in the model's input order.
+
+    Raises:
+        ConversionError: an output disagrees; the message names the output, the batch, the
+            worst index and both values.
+
+    >>> verify(result.model, lambda x: expected, x)  # doctest: +SKIP
+    [Verification(output='output', batch=8, comparison=Comparison(max_abs=1e-07, ...))]
+    """
+    with _staged(model, None) as location:  # a model over 2 GiB reaches ONNX Runtime as a file
+        return _verify(model, source, _as_inputs(inputs), location)
+
+
+# -- what the model is ------------------------------------------------------------------------
+
+def _source(model: Any, backend: str | None, example_inputs: Any, dynamic_batch: bool
+            ) -> tuple[str, Any, tuple[Any, ...], tuple[Any, ...]]:
+    """``(backend name, native target, example inputs, inputs at a second batch size)``."""
+    from xdevice import models
+
+    if isinstance(model, models.Model):
+        name = backend or model.backend
+        _registry.backend(name)  # an unknown name fails here, with the choices
+        target = models.to_native(model, name)
+        if example_inputs is None:
+            inputs = (model.example_input(),)
+            second = (model.example_input(_second_batch(len(inputs[0])), seed=1),)
+            return name, target, inputs, second
+    else:
+        if example_inputs is None:
+            raise ConversionError(message(
+                "A native model needs example_inputs to be exported",
+                expected="an array or a tuple of arrays, batch first, that the model accepts",
+                received=f"{type(model).__qualname__} with example_inputs=None",
+                fix="export(model, example_inputs=np.zeros((2, 784), 'float32')) with your input's shape"))
+        name = backend or _framework_of(model)
+        target = model
+    inputs = _as_inputs(example_inputs)
+    _check_example(inputs, dynamic_batch)
+    return name, target, inputs, _resampled(inputs)
+
+
+def _framework_of(model: Any) -> str:
+    """The backend that exports a native ``model`` (DESIGN rule 1: ``sys.modules`` first)."""
+    from xdevice.backends._functional import Functional
+
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(model, torch.nn.Module):
+        return "torch"
+    tf = sys.modules.get("tensorflow")
+    if tf is not None and isinstance(model, (tf.Module, tf.types.experimental.PolymorphicFunction)):
+        return "tensorflow"
+    keras = sys.modules.get("keras")
+    if keras is not None and isinstance(model, keras.Layer):
+        return "tensorflow"
+    if isinstance(model, tuple) and len(model) == 2 and callable(model[0]):
+        if isinstance(model[0], Functional):
+            return model[0].backend
+        leaf = _first_leaf(model[1])
+        if leaf is not None:
+            from xdevice._tensors import backend_of
+
+            return backend_of(leaf)
+    if callable(model) and "jax" in sys.modules:
+        return "jax"  # a plain function: JAX is the framework whose models are functions
+    raise ConversionError(message(
+        "Cannot tell which framework this model belongs to",
+        expected="a zoo Model, a torch.nn.Module, a Keras model / tf.Module / tf.function, "
+                 "or a JAX (apply_fn, params) pair or function",
+        received=type(model).__qualname__, choices=[b for b in _registry.backends() if b != "numpy"],
+        fix="pass backend=... to say which framework runs it"))
+
+
+def _first_leaf(tree: Any) -> Any:
+    if isinstance(tree, Mapping):
+        return next((leaf for value in tree.values() if (leaf := _first_leaf(value)) is not None), None)
+    if isinstance(tree, (tuple, list)):
+        return next((leaf for value in tree if (leaf := _first_leaf(value)) is not None), None)
+    return tree
+
+
+def _as_inputs(inputs: Any) -> tuple[Any, ...]:
+    """Example inputs as a tuple of numpy arrays (framework arrays are copied to the host)."""
+    items = tuple(inputs) if isinstance(inputs, (tuple, list)) else (inputs,)
+    return tuple(_host(x) for x in items)
+
+
+def _host(x: Any) -> Any:
+    import numpy as np
+
+    if isinstance(x, np.ndarray) or type(x).__module__.split(".")[0] in ("numpy", "builtins"):
+        return np.asarray(x)
+    from xdevice._tensors import backend_of
+
+    return _registry.backend(backend_of(x)).ops.to_numpy(x)
+
+
+def _check_example(inputs: tuple[Any, ...], dynamic_batch: bool) -> None:
+    if not inputs:
+        raise ConversionError(message("No example inputs", expected="at least one array"))
+    if dynamic_batch and (any(x.ndim == 0 for x in inputs) or len({x.shape[0] for x in inputs}) > 1):
+        raise ConversionError(message(
+            "A dynamic batch needs every input to have the same batch size on axis 0",
+            received=[x.shape for x in inputs], fix="pass dynamic_batch=False for other inputs"))
+
+
+def _second_batch(batch: int) -> int:
+    return batch + 3  # another size, odd, so a batch pinned to the example's cannot pass
+
+
+def _resampled(inputs: tuple[Any, ...]) -> tuple[Any, ...]:
+    """The example's rows, reversed and repeated, as a batch of another size."""
+    import numpy as np
+
+    if not inputs[0].ndim:
+        return inputs
+    batch = inputs[0].shape[0]
+    rows = np.arange(_second_batch(batch))[::-1] % max(batch, 1)
+    return tuple(np.take(x, rows, axis=0) for x in inputs)
+
+
+# -- after the exporter -----------------------------------------------------------------------
+
+def _graph_inputs(proto: Any) -> list[Any]:
+    initializers = {t.name for t in proto.graph.initializer}
+    return [v for v in proto.graph.input if v.name not in initializers]
+
+
+def _name_inputs_and_outputs(proto: Any, dynamic_batch: bool) -> None:
+    """``input``/``output`` names, and one ``batch`` symbol on axis 0, whatever the exporter
+    chose (``x``/``Identity:0``/``in_0``; ``s77``, ``unk__25``, ``B``)."""
+    graph = proto.graph
+    inputs, outputs = _graph_inputs(proto), list(graph.output)
+    wanted = {v.name: _label("input", i, len(inputs)) for i, v in enumerate(inputs)}
+    for i, v in enumerate(outputs):
+        if v.name not in wanted:  # a graph input passed straight through keeps its input name
+            wanted[v.name] = _label("output", i, len(outputs))
+    taken = _all_names(graph) - set(wanted)
+    for old in [n for n in taken if n in wanted.values()]:  # an inner value already has the name
+        wanted[old] = _fresh(old, taken | set(wanted.values()))
+    _rename(graph, wanted)
+    if not dynamic_batch:
+        return
+    symbols = {v.type.tensor_type.shape.dim[0].dim_param for v in _graph_inputs(proto)
+               if v.type.tensor_type.shape.dim} - {""}
+    for v in _graph_inputs(proto):
+        if v.type.tensor_type.shape.dim:
+            v.type.tensor_type.shape.dim[0].dim_param = BATCH
+    for v in graph.output:
+        dims = v.type.tensor_type.shape.dim
+        if dims and not dims[0].HasField("dim_value"):
+            dims[0].dim_param = BATCH
+    for v in graph.value_info:
+        for d in v.type.tensor_type.shape.dim:
+            if d.dim_param in symbols:
+                d.dim_param = BATCH
+
+
+def _label(stem: str, index: int, count: int) -> str:
+    return stem if count == 1 else f"{stem}_{index}"
+
+
+def _fresh(name: str, taken: set[str]) -> str:
+    n = 1
+    while f"{name}_{n}" in taken:
+        n += 1
+    return f"{name}_{n}"
+
+
+def _all_names(graph: Any) -> set[str]:
+    names = {v.name for v in (*graph.input, *graph.output, *graph.value_info)}
+    names |= {t.name for t in graph.initializer}
+    for node in graph.node:
+        names |= set(node.input) | set(node.output)
+        for sub in _subgraphs(node):
+            names |= _all_names(sub)
+    return names - {""}
+
+
+def _subgraphs(node: Any) -> list[Any]:
+    return [g for a in node.attribute for g in ([a.g] if a.HasField("g") else []) + list(a.graphs)]
+
+
+def _rename(graph: Any, mapping: dict[str, str]) -> None:
+    """Rename values everywhere, subgraphs included (ONNX names are unique across scopes)."""
+    for node in graph.node:
+        node.input[:] = [mapping.get(n, n) for n in node.input]
+        node.output[:] = [mapping.get(n, n) for n in node.output]
+        for sub in _subgraphs(node):
+            _rename(sub, mapping)
+    for value in (*graph.input, *graph.output, *graph.value_info, *graph.initializer):
+        value.name = mapping.get(value.name, value.name)
+
+
+def _check(proto: Any, location: Path | None, producer: str) -> None:
+    """onnx's full check and strict shape inference (through the file when it is large)."""
+    import onnx
+
+    try:
+        if location is None:
+            onnx.checker.check_model(proto, full_check=True)
+            onnx.shape_inference.infer_shapes(proto, strict_mode=True)
+        else:
+            onnx.checker.check_model(str(location), full_check=True)
+            with tempfile.TemporaryDirectory() as scratch:
+                onnx.shape_inference.infer_shapes_path(str(location), os.path.join(scratch, "inferred.onnx"),
+                                                       strict_mode=True)
+    except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as error:
+        raise ConversionError(message(
+            f"The ONNX model {producer} wrote fails onnx's checks", received=str(error).strip()[:800],
+            fix="try another opset, or export from another backend")) from error
+
+
+def _check_batch(inputs: tuple[TensorInfo, ...], dynamic_batch: bool, producer: str) -> None:
+    pinned = [t for t in inputs if dynamic_batch and t.shape and t.shape[0] != BATCH]
+    if pinned:
+        raise ConversionError(message(
+            f"{producer} fixed the batch size instead of keeping it dynamic",
+            expected=f"axis 0 of every input named {BATCH!r}", received=[str(t) for t in pinned],
+            fix="make the model batch-agnostic (-1 in reshapes, sizes from the input's shape), "
+                "or pass dynamic_batch=False"))
+
+
+def _opset(proto: Any) -> int:
+    for entry in proto.opset_import:
+        if entry.domain in ("", "ai.onnx"):
+            return int(entry.version)
+    raise ConversionError(message("The exported model declares no default-domain opset",
+                                  received=[(e.domain, e.version) for e in proto.opset_import]))
+
+
+def _info(value: Any) -> TensorInfo:
+    import onnx
+
+    tensor = value.type.tensor_type
+    try:
+        dtype = onnx.helper.tensor_dtype_to_np_dtype(tensor.elem_type).name
+    except (KeyError, TypeError, ValueError):
+        dtype = onnx.TensorProto.DataType.Name(tensor.elem_type).lower()
+    shape = tuple(d.dim_value if d.HasField("dim_value") else (d.dim_param or "?") for d in tensor.shape.dim)
+    return TensorInfo(value.name, shape, dtype)
+
+
+# -- writing ----------------------------------------------------------------------------------
+
+@contextlib.contextmanager
+def _staged(proto: Any, path: str | os.PathLike | None) -> Iterator[Path | None]:
+    """The model on disk when it must be (``path`` given, or too large to pass in memory);
+    yields where, or None. A model that fails what runs inside is not left behind."""
+    large = proto.ByteSize() >= EXTERNAL_DATA_BYTES
+    if path is None and not large:
+        yield None
+        return
+    with contextlib.ExitStack() as stack:
+        if path is None:
+            path = Path(stack.enter_context(tempfile.TemporaryDirectory())) / "model.onnx"
+        written = _write(proto, Path(path), large)
+        try:
+            yield written[0]
+        except BaseException:
+            for file in written:
+                file.unlink(missing_ok=True)
+            raise
+
+
+def _write(proto: Any, path: Path, large: bool) -> list[Path]:
+    import onnx
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if not large:
+        onnx.save_model(proto, str(path))
+        return [path]
+    data = path.with_name(path.name + ".data")
+    data.unlink(missing_ok=True)  # onnx appends to an existing data file
+    onnx.save_model(proto, str(path), save_as_external_data=True, all_tensors_to_one_file=True,
+                    location=data.name, size_threshold=1024)
+    # saving moved the tensors out of the in-memory model: read them back in
+    onnx.load_external_data_for_model(proto, str(path.parent))
+    return [path, data]
+
+
+# -- verification -----------------------------------------------------------------------------
+
+def _verify(proto: Any, source: Callable[..., Any], inputs: Sequence[Any], location: Path | None
+            ) -> list[Verification]:
+    import numpy as np
+    import onnxruntime
+
+    options = onnxruntime.SessionOptions()
+    options.log_severity_level = 3
+    model = str(location) if location is not None else proto.SerializeToString()
+    session = onnxruntime.InferenceSession(model, options, providers=["CPUExecutionProvider"])
+    names = [i.name for i in session.get_inputs()]
+    if len(names) != len(inputs):
+        raise ConversionError(message("The ONNX model takes another number of inputs than given",
+                                      expected=f"{len(names)} ({', '.join(names)})", received=len(inputs)))
+    actual = session.run(None, dict(zip(names, inputs)))
+    expected = [np.asarray(y) for y in flat_outputs(source(*inputs))]
+    outputs = [o.name for o in session.get_outputs()]
+    if len(actual) != len(expected):
+        raise ConversionError(message("The ONNX model has another number of outputs than its source",
+                                      expected=str(len(expected)), received=f"{len(actual)}: {outputs}"))
+    batch = int(inputs[0].shape[0]) if np.ndim(inputs[0]) else 1
+    checks = []
+    for name, a, e in zip(outputs, actual, expected):
+        if a.shape != e.shape:
+            raise ConversionError(message(
+                f"ONNX output {name!r} has another shape than the source's at batch {batch}",
+                expected=str(e.shape), received=a.shape,
+                fix="check that the model is batch-agnostic, or pass dynamic_batch=False"))
+        comparison = compare(a, e, e.dtype.name)
+        if not comparison.ok:
+            raise ConversionError(message(
+                f"ONNX output {name!r} disagrees with the source at batch {batch}: "
+                f"{comparison.actual!r} at index {comparison.worst_index} where the source gives "
+                f"{comparison.expected!r}",
+                expected=f"|onnx - source| <= {comparison.atol:g} + {comparison.rtol:g} * |source| "
+                         f"({e.dtype.name})",
+                received=f"max abs error {comparison.max_abs:.3g}, max rel {comparison.max_rel:.3g}",
+                fix="export with another opset or from another backend, or report the exporter bug"))
+        checks.append(Verification(name, batch, comparison))
+    return checks

@@ -1,0 +1,1 @@
+"""ONNX op handlers, one module per family; ``registry.HANDLER_MODULES`` lists them."""

@@ -1,0 +1,244 @@
+"""The interpreter: runs an ONNX graph node by node over one backend's op set.
+
+Values flowing through the graph are of four kinds: *static* numpy arrays (shapes, axes,
+integer constants: known when the graph is built, so ``Reshape`` and ``Slice`` work under
+``jax.jit`` and ``tf.function``), the backend's own arrays, Python lists (ONNX sequences)
+and :class:`Optional` (ONNX optionals). A node whose inputs are all static is folded with
+the numpy reference on the spot and its outputs stay static. A handler that needs a
+concrete value (``static=`` inputs, a loop count) gets one eagerly; under tracing, a value
+that is not static raises ``ConversionError`` naming the node.
+
+Subgraphs (``If``, ``Loop``, ``Scan``) run through the same interpreter, seeing the outer
+graph's values by name.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from collections.abc import Iterable
+from typing import Any
+
+import numpy as np
+
+from xdevice._errors import ConversionError, UnsupportedOp, message
+from xdevice.converters.importer import registry
+
+__all__ = ["Graph", "Node", "Context", "Optional", "run_graph", "unsupported", "numpy_of",
+           "ONNX_DTYPES", "onnx_dtype"]
+
+# ONNX TensorProto data types by number, as our dtype names ("string" for STRING)
+ONNX_DTYPES = {1: "float32", 2: "uint8", 3: "int8", 4: "uint16", 5: "int16", 6: "int32", 7: "int64",
+               8: "string", 9: "bool", 10: "float16", 11: "float64", 12: "uint32", 13: "uint64",
+               16: "bfloat16", 17: "float8_e4m3fn", 18: "float8_e4m3fnuz", 19: "float8_e5m2",
+               20: "float8_e5m2fnuz", 21: "uint4", 22: "int4"}
+_RANDOM = ("RandomNormal", "RandomNormalLike", "RandomUniform", "RandomUniformLike", "Bernoulli", "Multinomial")
+
+
+def onnx_dtype(code: int) -> str:
+    if code not in ONNX_DTYPES:
+        import onnx
+
+        raise UnsupportedOp(message("Unsupported ONNX tensor type", received=onnx.TensorProto.DataType.Name(code),
+                                    choices=sorted(set(ONNX_DTYPES.values()))))
+    return ONNX_DTYPES[code]
+
+
+@dataclasses.dataclass
+class Optional:
+    """An ONNX optional: ``value`` is None when empty."""
+
+    value: Any = None
+
+
+class Node:
+    """One ONNX node: its op, input and output names, and attributes as Python values
+    (tensors as numpy arrays, graphs as :class:`Graph`), with the schema's defaults."""
+
+    def __init__(self, proto, opsets: dict[str, int]):
+        from onnx import helper, numpy_helper
+
+        self.proto = proto
+        self.op, self.domain, self.name = proto.op_type, proto.domain, proto.name or proto.op_type
+        self.inputs, self.outputs = list(proto.input), list(proto.output)
+        self.attrs: dict[str, Any] = {}
+        for attribute in proto.attribute:
+            value = helper.get_attribute_value(attribute)
+            if attribute.type == attribute.TENSOR:
+                value = numpy_helper.to_array(value)
+            elif attribute.type == attribute.GRAPH:
+                value = Graph(value, opsets)
+            elif attribute.type == attribute.GRAPHS:
+                value = [Graph(g, opsets) for g in value]
+            elif isinstance(value, bytes):
+                value = value.decode()
+            elif attribute.type == attribute.STRINGS:
+                value = [v.decode() for v in value]
+            self.attrs[attribute.name] = value
+
+    def attr(self, name: str, default: Any = None) -> Any:
+        """The attribute ``name``, or ``default`` when the node leaves it out."""
+        return self.attrs.get(name, default)
+
+    def __repr__(self) -> str:
+        return f"<{self.op} node {self.name!r}>"
+
+
+class Graph:
+    """A parsed ONNX graph: nodes in order, inputs, outputs and initializers (numpy)."""
+
+    def __init__(self, proto, opsets: dict[str, int]):
+        from onnx import numpy_helper
+
+        self.proto, self.opsets = proto, opsets
+        self.initializers = {t.name: numpy_helper.to_array(t) for t in proto.initializer}
+        self.inputs = [i.name for i in proto.input if i.name not in self.initializers]
+        self.outputs = [o.name for o in proto.output]
+        self.nodes = [Node(n, opsets) for n in proto.node]
+
+    def walk(self) -> Iterable[tuple[Node, Graph]]:
+        """Every node of this graph and of its subgraphs, with the graph that holds it."""
+        for node in self.nodes:
+            yield node, self
+            for value in node.attrs.values():
+                for sub in value if isinstance(value, list) else [value]:
+                    if isinstance(sub, Graph):
+                        yield from sub.walk()
+
+
+def unsupported(graph: Graph) -> list[str]:
+    """Every ``op (opset N): node names`` the registry cannot run, subgraphs included."""
+    missing: dict[str, list[str]] = {}
+    for node, _ in graph.walk():
+        domain = "" if node.domain in ("", "ai.onnx") else node.domain
+        opset = graph.opsets.get(domain)
+        found, since = registry.resolve(node.op, domain, opset) if opset is not None else (None, None)
+        if found is None:
+            where = f"{domain}::" if domain else ""
+            version = f"opset {opset}" + (f", schema since {since}" if since else ", unknown to onnx.defs")
+            missing.setdefault(f"{where}{node.op} ({version})", []).append(node.name)
+    return [f"{op}: {', '.join(names[:5])}{' ...' if len(names) > 5 else ''}" for op, names in missing.items()]
+
+
+class Context:
+    """What a handler sees: the backend's ops, and helpers for static values and subgraphs."""
+
+    def __init__(self, backend, folding: bool = True):
+        self.backend = backend
+        self.ops = backend.ops
+        self.folding = folding
+        self.node: Node | None = None
+        self.values: dict[str, Any] = {}  # the enclosing scope, for nodes with subgraphs
+
+    def static(self, value: Any) -> np.ndarray | None:
+        """``value`` as a concrete numpy array (None stays None); raises under tracing when
+        the value is only known at run time."""
+        if value is None or isinstance(value, np.ndarray):
+            return value
+        if isinstance(value, (int, float, bool, list, tuple)):
+            return np.asarray(value)
+        try:
+            return np.asarray(self.ops.to_numpy(value))
+        except Exception as error:  # noqa: BLE001 - each framework's tracer raises its own type
+            where = f"{self.node.op} node {self.node.name!r}" if self.node else "a node"
+            raise ConversionError(message(
+                f"{where} needs a value known when the graph is built, but it depends on a "
+                "traced input", received=f"{type(error).__name__}: {error}".splitlines()[0],
+                fix="make that input a constant or initializer, or run the model eagerly")) from error
+
+    def array(self, value: Any) -> Any:
+        """``value`` as the backend's array (static numpy values are converted)."""
+        if isinstance(value, (np.ndarray, np.generic)):
+            if value.dtype.kind in "OSU":
+                raise UnsupportedOp(message(f"The {self.backend.name} backend has no string tensors",
+                                            fix="run string ops with the numpy backend"))
+            return self.ops.asarray(value)
+        return value
+
+    def run(self, graph: Graph, values: dict[str, Any], inputs: list[Any]) -> list[Any]:
+        """Run a subgraph with ``inputs`` bound to its inputs, seeing ``values`` by name."""
+        return run_graph(graph, self, {**values, **dict(zip(graph.inputs, inputs))})
+
+
+def is_static(value: Any) -> bool:
+    return value is None or isinstance(value, (np.ndarray, np.generic))
+
+
+def numpy_of(value: Any, ops) -> Any:
+    """A graph value for a numpy caller: arrays to numpy, sequences item by item."""
+    if isinstance(value, list):
+        return [numpy_of(v, ops) for v in value]
+    if isinstance(value, Optional):
+        return None if value.value is None else numpy_of(value.value, ops)
+    if value is None or isinstance(value, np.ndarray):
+        return value
+    return np.asarray(ops.to_numpy(value))
+
+
+def run_graph(graph: Graph, ctx: Context, values: dict[str, Any]) -> list[Any]:
+    """Run ``graph`` with ``values`` (inputs, initializers, outer values) and return its outputs."""
+    values = {**graph.initializers, **values, "": None}
+    for node in graph.nodes:
+        args = [values[name] if name in values else _missing_input(node, name) for name in node.inputs]
+        outputs = _run_node(node, ctx, graph.opsets, args, values)
+        if not isinstance(outputs, tuple):
+            outputs = (outputs,)
+        for name, value in zip(node.outputs, outputs):
+            if name:
+                values[name] = value
+    return [values[name] for name in graph.outputs]
+
+
+def _run_node(node: Node, ctx: Context, opsets: dict[str, int], args: list, values: dict) -> Any:
+    domain = "" if node.domain in ("", "ai.onnx") else node.domain
+    found, _ = registry.resolve(node.op, domain, opsets[domain])
+    if found is None:  # unsupported() ran before execution; this guards direct callers
+        raise UnsupportedOp(message(f"No handler for {node.op}", received=node.name))
+    fold = (ctx.folding and node.op not in _RANDOM and all(is_static(a) for a in args)
+            and any(a is not None for a in args) and not _has_subgraph(node))
+    target = _numpy_context(ctx) if fold else ctx
+    previous, target.node = target.node, node
+    try:
+        if not fold:
+            args = [ctx.static(a) if i in found.static else ctx.array(a) for i, a in enumerate(args)]
+        if _has_subgraph(node):  # its own context, holding the outer scope its subgraphs read
+            target = copy.copy(target)
+            target.values = values
+        out = found.fn(target, node, *args)
+    finally:
+        target.node = previous
+    if fold:  # keep folded results static (numpy), whatever the numpy backend returned
+        out = tuple(_as_static(o) for o in out) if isinstance(out, tuple) else _as_static(out)
+    return out
+
+
+def _as_static(value: Any) -> Any:
+    if isinstance(value, (list, Optional)) or value is None:
+        return value
+    return np.asarray(value)
+
+
+def _has_subgraph(node: Node) -> bool:
+    return any(isinstance(v, Graph) or (isinstance(v, list) and v and isinstance(v[0], Graph))
+               for v in node.attrs.values())
+
+
+_numpy_contexts: dict[int, Context] = {}
+
+
+def _numpy_context(ctx: Context) -> Context:
+    from xdevice import _registry
+
+    if ctx.backend.name == "numpy":
+        return ctx
+    key = id(ctx)
+    if key not in _numpy_contexts:
+        _numpy_contexts.clear()
+        _numpy_contexts[key] = Context(_registry.backend("numpy"))
+    return _numpy_contexts[key]
+
+
+def _missing_input(node: Node, name: str):
+    raise ConversionError(message(f"{node.op} node {node.name!r} reads {name!r}, which no earlier node "
+                                  "produces", expected="nodes in topological order",
+                                  fix="run onnx.checker and re-export the model"))

@@ -1,0 +1,1 @@
+"""ONNX converters: export and import."""

@@ -1,0 +1,210 @@
+"""ONNX export: every zoo model from every framework, checked, with a dynamic batch, verified."""
+
+from __future__ import annotations
+
+import importlib
+import os
+import re
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from xdevice import ConversionError, models
+from xdevice._tolerance import compare
+from xdevice.converters import export, verify
+
+NAMES = list(models.NAMES)
+
+
+@pytest.fixture
+def exporter(backend):
+    """The backend under test, when it has an ONNX exporter."""
+    if backend.name == "numpy":
+        pytest.skip("numpy has no ONNX exporter (test_numpy_has_no_exporter_and_names_those_that_do)")
+    return backend
+
+
+def _opset_written(proto) -> int:
+    return next(entry.version for entry in proto.opset_import if entry.domain in ("", "ai.onnx"))
+
+
+def _run(*args):
+    return subprocess.run([sys.executable, "-m", "xdevice", *args], capture_output=True, text=True,
+                          timeout=600, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", NAMES)
+def test_every_zoo_model_exports_checks_and_verifies_with_a_dynamic_batch(exporter, name, tmp_path):
+    import onnx
+    import onnxruntime
+
+    model = models.build(name, backend=exporter.name)
+    result = export(model, tmp_path / f"{name}.onnx")
+
+    onnx.checker.check_model(str(result.path), full_check=True)
+    assert result.opset == _opset_written(onnx.load(str(result.path))) == 18
+    assert result.inputs[0].shape[0] == "batch" and result.outputs[0].shape == ("batch", 10)
+    assert sorted(v.batch for v in result.verification) == [8, 11]
+    assert all(v.comparison.ok for v in result.verification)
+    session = onnxruntime.InferenceSession(str(result.path), providers=["CPUExecutionProvider"])
+    for batch in (2, 5):
+        x = model.example_input(batch, seed=2)
+        [y] = session.run(None, {"input": x})
+        assert compare(y, exporter.ops.to_numpy(model(x))).ok
+
+
+def test_numpy_has_no_exporter_and_names_those_that_do():
+    with pytest.raises(ConversionError, match=r"numpy has no ONNX exporter.*Fix: export\(model, backend="):
+        export(models.build("mlp", hidden=[8]))
+
+
+def test_the_reported_opset_is_the_one_written_not_the_one_asked_for(exporter, monkeypatch):
+    own = exporter.export_onnx
+
+    def writes_19(target, example_inputs, opset, dynamic_batch):
+        proto = own(target, example_inputs, opset, dynamic_batch)
+        for entry in proto.opset_import:
+            if entry.domain in ("", "ai.onnx"):
+                entry.version = 19  # what an exporter does when it cannot write the opset asked for
+        return proto
+
+    monkeypatch.setattr(exporter, "export_onnx", writes_19)
+    result = export(models.build("mlp", hidden=[16], backend=exporter.name), opset=18)
+    assert (result.opset, result.requested_opset) == (19, 18) == (_opset_written(result.model), 18)
+    assert "opset     19 (asked for 18)" in str(result)
+
+
+def test_a_static_batch_keeps_the_example_size_and_verifies_once(exporter):
+    result = export(models.build("mlp", hidden=[16], backend=exporter.name),
+                    example_inputs=models.build("mlp", hidden=[16]).example_input(3), dynamic_batch=False)
+    assert result.inputs[0].shape == (3, 784) and result.outputs[0].shape == (3, 10)
+    assert [v.batch for v in result.verification] == [3]
+
+
+def test_verify_fails_naming_the_output_the_worst_index_and_both_values(exporter):
+    import onnx
+    from onnx import numpy_helper
+
+    model = models.build("mlp", hidden=[16], backend=exporter.name)
+    target = models.to_native(model, exporter.name)
+    x = model.example_input(4)
+    source = lambda x: exporter.native_outputs(target, (x,))  # noqa: E731
+    result = export(model, example_inputs=x)
+    assert [v.output for v in verify(result.model, source, x)] == ["output"]
+
+    broken = onnx.ModelProto()
+    broken.CopyFrom(result.model)
+    largest = max(broken.graph.initializer, key=lambda t: np.prod(t.dims))
+    weights = numpy_helper.to_array(largest)
+    noise = np.random.default_rng(0).normal(size=weights.shape).astype(weights.dtype)
+    largest.CopyFrom(numpy_helper.from_array(weights + noise, largest.name))
+    with pytest.raises(ConversionError) as failure:
+        verify(broken, source, x)
+
+    found = re.search(r"ONNX output 'output' disagrees with the source at batch 4: (\S+) at index "
+                      r"\((\d+), (\d+)\) where the source gives (\S+)\.", str(failure.value))
+    assert found, str(failure.value)
+    import onnxruntime
+
+    [onnx_out] = onnxruntime.InferenceSession(broken.SerializeToString(),
+                                              providers=["CPUExecutionProvider"]).run(None, {"input": x})
+    index = (int(found[2]), int(found[3]))
+    assert float(found[1]) == pytest.approx(float(onnx_out[index]))
+    assert float(found[4]) == pytest.approx(float(source(x)[0][index]))
+
+
+def test_a_native_model_without_example_inputs_is_refused_with_the_fix(backend):
+    native = models.to_native(models.build("mlp", hidden=[8]), backend.name)
+    with pytest.raises(ConversionError, match=r"needs example_inputs.*Fix: export\(model, example_inputs="):
+        export(native)
+
+
+@pytest.mark.slow
+def test_a_plain_torch_sequential_exports_in_eval_mode_and_keeps_its_mode():
+    torch = pytest.importorskip("torch")
+    nn = torch.nn
+    net = nn.Sequential(nn.Linear(6, 8), nn.ReLU(), nn.Dropout(0.5), nn.Linear(8, 3))
+    x = np.random.default_rng(0).normal(size=(4, 6)).astype(np.float32)
+    result = export(net, example_inputs=torch.as_tensor(x))  # dropout would fail verification
+    assert result.backend == "torch" and result.inputs[0].shape == ("batch", 6)
+    assert sorted(v.batch for v in result.verification) == [4, 7] and net.training
+
+
+@pytest.mark.slow
+def test_a_keras_sequential_exports_through_a_tf_function():
+    keras = pytest.importorskip("keras")
+    if keras.backend.backend() != "tensorflow":
+        pytest.skip(f"Keras runs on {keras.backend.backend()}, not TensorFlow")
+    net = keras.Sequential([keras.Input((6,)), keras.layers.Dense(8, activation="relu"),
+                            keras.layers.Dropout(0.5), keras.layers.Dense(3)])
+    result = export(net, example_inputs=np.ones((4, 6), np.float32))
+    assert result.backend == "tensorflow" and result.outputs[0].shape == ("batch", 3)
+    assert sorted(v.batch for v in result.verification) == [4, 7]
+
+
+@pytest.mark.slow
+def test_a_plain_jax_function_with_params_exports_with_the_params_baked_in():
+    jnp = pytest.importorskip("jax.numpy")
+    params = {"w": jnp.linspace(-1.0, 1.0, 18).reshape(6, 3), "b": jnp.arange(3.0)}
+    apply_fn = lambda params, x: jnp.tanh(x @ params["w"] + params["b"])  # noqa: E731
+    result = export((apply_fn, params), example_inputs=np.ones((4, 6), np.float32))
+    assert result.backend == "jax" and [i.name for i in result.inputs] == ["input"]
+    assert len(result.model.graph.initializer) >= 2 and result.max_abs_error < 1e-5
+    plain = export(lambda x: jnp.sin(x) * 2, example_inputs=np.ones((2, 5), np.float32))
+    assert plain.backend == "jax" and plain.outputs[0].shape == ("batch", 5)
+
+
+def test_a_model_over_the_size_limit_keeps_its_tensors_in_a_file_next_to_it(exporter, tmp_path, monkeypatch):
+    import onnxruntime
+
+    monkeypatch.setattr(importlib.import_module("xdevice.converters.export"), "EXTERNAL_DATA_BYTES", 1)
+    model = models.build("mlp", hidden=[16], backend=exporter.name)
+    result = export(model, tmp_path / "out" / "mlp.onnx")
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["mlp.onnx", "mlp.onnx.data"]
+    assert all(t.data_location == 0 for t in result.model.graph.initializer)  # in memory still
+    x = model.example_input(3)
+    session = onnxruntime.InferenceSession(str(result.path), providers=["CPUExecutionProvider"])
+    [y] = session.run(None, {"input": x})
+    assert compare(y, exporter.ops.to_numpy(model(x))).ok
+
+
+def test_importing_the_converters_imports_no_framework(run_python):
+    result = run_python("""
+        import json, sys
+        import xdevice.converters
+        heavy = ["torch", "jax", "tensorflow", "onnx", "onnxruntime"]
+        print(json.dumps([m for m in heavy if m in sys.modules]))
+    """)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]"
+
+
+@pytest.mark.slow
+def test_the_export_command_prints_the_opset_shapes_errors_and_time(exporter, tmp_path):
+    out = tmp_path / "mlp.onnx"
+    result = _run("export", "mlp", "--backend", exporter.name, "--output", str(out), "--batch", "3")
+    assert result.returncode == 0, result.stderr
+    assert out.exists()
+    assert f"mlp: exported from {exporter.name} by " in result.stdout
+    for line in ("opset     18", "input     input float32[batch, 784]", "output    output float32[batch, 10]",
+                 "verified  output at batch 3: max abs error", "verified  output at batch 6: max abs error"):
+        assert line in result.stdout
+
+
+@pytest.mark.slow
+def test_the_export_command_takes_a_saved_model_and_a_static_batch(tmp_path):
+    pytest.importorskip("torch")
+    saved = tmp_path / "small.safetensors"
+    models.build("mlp", hidden=[16], seed=3).save(saved)
+    result = _run("export", str(saved), "--backend", "torch", "--static-batch", "--no-verify",
+                  "--output", str(tmp_path / "small.onnx"))
+    assert result.returncode == 0, result.stderr
+    assert "input     input float32[8, 784]" in result.stdout and "verified  no" in result.stdout
+
+
+def test_the_export_command_refuses_numpy_as_a_usage_error():
+    result = _run("export", "mlp", "--backend", "numpy")
+    assert result.returncode == 2 and "invalid choice: 'numpy'" in result.stderr

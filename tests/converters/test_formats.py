@@ -1,0 +1,76 @@
+"""``xdevice convert``: an ONNX model in each framework's own format, loaded with no xdevice."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import xdevice
+from xdevice import ConversionError, models
+from xdevice._tolerance import compare
+from xdevice.converters import export
+from xdevice.converters.formats import FORMATS, convert_model
+
+# Loads the saved program in a fresh interpreter where `import xdevice` fails, runs it on
+# x.npy and writes y.npy: what a user with only the framework installed would do.
+LOADER = """
+import sys
+sys.modules["xdevice"] = None
+import numpy as np
+fmt, path, folder = sys.argv[1:]
+x = np.load(folder + "/x.npy")
+if fmt == "torch":
+    import torch
+    y = torch.export.load(path).module()(torch.as_tensor(x)).numpy()
+elif fmt == "tensorflow":
+    import tensorflow as tf
+    loaded = tf.saved_model.load(path)
+    y = loaded.serve(x).numpy()
+else:
+    import jax.export
+    y = np.asarray(jax.export.deserialize(bytearray(open(path, "rb").read())).call(x))
+np.save(folder + "/y.npy", y)
+"""
+
+
+@pytest.fixture(scope="module")
+def cnn_onnx(tmp_path_factory):
+    if "torch" not in xdevice.backends():
+        pytest.skip("needs torch to export the example model")
+    folder = tmp_path_factory.mktemp("cnn")
+    model = models.build("cnn", seed=0, backend="torch")
+    return export(model, folder / "cnn.onnx").path
+
+
+def _onnxruntime(path, x):
+    import onnxruntime
+
+    session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    return session.run(None, {"input": x})[0]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("framework", list(FORMATS))
+def test_a_converted_model_loads_without_xdevice_and_matches_at_any_batch(framework, cnn_onnx, tmp_path):
+    if framework not in xdevice.backends():
+        pytest.skip(f"{framework} is not installed")
+    converted = convert_model(cnn_onnx, to=framework, output=tmp_path / f"cnn{FORMATS[framework]}")
+    assert converted.path.exists() and converted.dynamic_batch, converted.note
+    for batch in (3, 6):
+        x = models.build("cnn").example_input(batch, seed=batch)
+        np.save(tmp_path / "x.npy", x)
+        done = subprocess.run([sys.executable, "-c", LOADER, framework, str(converted.path), str(tmp_path)],
+                              capture_output=True, text=True, timeout=300,
+                              env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
+        assert done.returncode == 0, done.stderr[-2000:]
+        result = compare(np.load(tmp_path / "y.npy"), _onnxruntime(cnn_onnx, x))
+        assert result.ok, f"{framework} batch {batch}: {result}"
+
+
+def test_an_unknown_format_lists_the_choices(cnn_onnx):
+    with pytest.raises(ConversionError, match=r"Unknown target format.*'onnx2'.*torch.*tensorflow.*jax"):
+        convert_model(cnn_onnx, to="onnx2")

@@ -1,0 +1,154 @@
+"""ONNX import: any graph on any backend, every unsupported op named up front, safe loading."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+import xdevice
+from xdevice import ConversionError, UnsupportedOp
+from xdevice._tolerance import compare
+from xdevice.converters.importer import from_onnx
+
+
+def _model(nodes, inputs, outputs, initializers=(), opset=18, ir=10):
+    """A model; IR 10 by default, which ONNX Runtime (the reference here) reads."""
+    graph = helper.make_graph(nodes, "g", inputs, outputs, list(initializers))
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    model.ir_version = ir
+    return model
+
+
+def _dense_model():
+    """y = relu(x * w + b) with float initializers w, b: parameters once imported."""
+    rng = np.random.default_rng(0)
+    w = numpy_helper.from_array(rng.normal(size=(4,)).astype(np.float32), "w")
+    b = numpy_helper.from_array(rng.normal(size=(4,)).astype(np.float32), "b")
+    nodes = [helper.make_node("Mul", ["x", "w"], ["xw"]), helper.make_node("Add", ["xw", "b"], ["z"]),
+             helper.make_node("Relu", ["z"], ["y"])]
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 4])
+    return _model(nodes, [x], [y], [w, b])
+
+
+def _reference(model, x):
+    import onnxruntime
+
+    session = onnxruntime.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    return session.run(None, {"x": x})[0]
+
+
+def test_a_graph_runs_on_every_backend_and_matches_onnxruntime(backend):
+    model = _dense_model()
+    x = np.random.default_rng(1).normal(size=(3, 4)).astype(np.float32)
+    imported = from_onnx(model, backend=backend.name)
+    y = imported(x)
+    assert xdevice.backend_of(y) == backend.name
+    assert compare(backend.ops.to_numpy(y), _reference(model, x)).ok
+
+
+def test_float_initializers_become_trainable_parameters(backend):
+    imported = from_onnx(_dense_model(), backend=backend.name)
+    assert set(imported.params) == {"w", "b"} and all(xdevice.backend_of(v) == backend.name
+                                                        for v in imported.params.values())
+    x = backend.ops.asarray(np.ones((2, 4), np.float32))
+    loss = lambda params: backend.ops.sum(imported.apply(params, x)[0])  # noqa: E731
+    _, grads = backend.value_and_grad(loss, imported.params)
+    # d sum(relu(x*w + b)) / d b is 1 where the unit is active, 0 where not
+    active = (backend.ops.to_numpy(imported.params["w"]) + backend.ops.to_numpy(imported.params["b"])) > 0
+    assert (backend.ops.to_numpy(grads["b"]) == 2.0 * active).all()
+
+
+def test_the_imported_function_compiles(backend):
+    imported = from_onnx(_dense_model(), backend=backend.name)
+    x = backend.ops.asarray(np.random.default_rng(2).normal(size=(5, 4)).astype(np.float32))
+    compiled = backend.jit(lambda params, x: imported.apply(params, x)[0])
+    assert compare(backend.ops.to_numpy(compiled(imported.params, x)), backend.ops.to_numpy(imported(x))).ok
+
+
+def test_every_unsupported_op_is_listed_before_anything_runs():
+    nodes = [helper.make_node("Frobnicate", ["x"], ["a"], name="first", domain="com.example"),
+             helper.make_node("Frobnicate", ["a"], ["b"], name="second", domain="com.example"),
+             helper.make_node("Wobble", ["b"], ["y"], name="third", domain="com.example")]
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])
+    model = helper.make_model(helper.make_graph(nodes, "g", [x], [y]),
+                              opset_imports=[helper.make_opsetid("", 18), helper.make_opsetid("com.example", 1)])
+    with pytest.raises(UnsupportedOp) as caught:
+        from_onnx(model, check=False)
+    text = str(caught.value)
+    assert "2 ONNX op(s)" in text and "com.example::Frobnicate" in text and "first, second" in text
+    assert "com.example::Wobble" in text and "third" in text
+
+
+def test_a_model_stamped_with_the_newest_ir_and_opset_loads(backend):
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [3])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [3])
+    model = _model([helper.make_node("Relu", ["x"], ["y"])], [x], [y],
+                   opset=onnx.defs.onnx_opset_version(), ir=onnx.IR_VERSION)
+    out = from_onnx(model, backend=backend.name)(np.array([-1.0, 0.5, 2.0], np.float32))
+    assert backend.ops.to_numpy(out).tolist() == [0.0, 0.5, 2.0]
+
+
+def test_wrong_number_of_inputs_names_them():
+    with pytest.raises(ConversionError, match="Expected 1: x"):
+        from_onnx(_dense_model())(np.ones((1, 4), np.float32), np.ones(1))
+
+
+# -- safe loading -------------------------------------------------------------------------------
+
+def _with_external(tmp_path, location: str):
+    model = _dense_model()
+    for tensor in model.graph.initializer:
+        tensor.data_location = TensorProto.EXTERNAL
+        del tensor.external_data[:]
+        entry = tensor.external_data.add()
+        entry.key, entry.value = "location", location
+        tensor.ClearField("raw_data")
+        tensor.ClearField("float_data")
+    path = tmp_path / "model" / "model.onnx"
+    path.parent.mkdir()
+    path.write_bytes(model.SerializeToString())
+    return path
+
+
+@pytest.mark.parametrize("location", ["../secret.bin", "/etc/passwd", "sub/../../secret.bin"])
+def test_external_data_outside_the_model_folder_is_refused(tmp_path, location):
+    (tmp_path / "secret.bin").write_bytes(b"\0" * 64)
+    with pytest.raises(ConversionError, match="points outside the model's folder"):
+        from_onnx(_with_external(tmp_path, location))
+
+
+def test_external_data_inside_the_folder_loads(tmp_path):
+    model = _dense_model()
+    path = tmp_path / "m" / "model.onnx"
+    path.parent.mkdir()
+    onnx.save_model(model, str(path), save_as_external_data=True, all_tensors_to_one_file=True,
+                    location="weights.bin", size_threshold=0)
+    assert (path.parent / "weights.bin").exists()
+    x = np.ones((2, 4), np.float32)
+    assert compare(from_onnx(path)(x), _reference(_dense_model(), x)).ok  # save_model emptied model
+
+
+def test_a_link_leading_out_of_the_folder_is_refused(tmp_path):
+    (tmp_path / "secret.bin").write_bytes(b"\0" * 64)
+    path = _with_external(tmp_path, "weights.bin")
+    (path.parent / "weights.bin").symlink_to(tmp_path / "secret.bin")
+    with pytest.raises(ConversionError, match="points outside the model's folder"):
+        from_onnx(path)
+
+
+@pytest.mark.parametrize("damage", ["truncate", "garbage", "empty"])
+def test_a_damaged_file_gives_a_clear_error(tmp_path, damage):
+    data = _dense_model().SerializeToString()
+    path = tmp_path / "bad.onnx"
+    path.write_bytes({"truncate": data[: len(data) // 2], "garbage": b"\x12\x34" * 50, "empty": b""}[damage])
+    with pytest.raises(ConversionError, match="truncated or not ONNX|Not an ONNX model"):
+        from_onnx(path)
+
+
+def test_a_missing_file_is_named(tmp_path):
+    with pytest.raises(ConversionError, match="No ONNX model at this path"):
+        from_onnx(tmp_path / "nope.onnx")
