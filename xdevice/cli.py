@@ -75,6 +75,14 @@ def main(argv: list[str] | None = None) -> int:
     suite.add_argument("--json", action="store_true", help="print JSON")
     suite.set_defaults(run=_conformance)
 
+    server = commands.add_parser("serve", help="serve a model repository over KServe V2 (HTTP)")
+    server.add_argument("repository", help="REPO/<model>/<version>/model.onnx, Triton's layout")
+    server.add_argument("--host", default="127.0.0.1",
+                        help="address to bind (default: 127.0.0.1, this machine only)")
+    server.add_argument("--port", type=int, default=8000)
+    server.add_argument("--threads", type=int, default=None, help="ONNX Runtime intra-op threads per model")
+    server.set_defaults(run=_serve)
+
     args = parser.parse_args(argv)
     try:
         return args.run(args)
@@ -193,6 +201,13 @@ def _conformance(args: argparse.Namespace) -> int:
         for test, state in sorted(outcome.status.items()):
             if state != "pass":
                 print(f"  {state:<5} {test}: {outcome.reason.get(test, '')}")
+    return 0
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from xdevice.serving.server import serve
+
+    serve(args.repository, host=args.host, port=args.port, threads=args.threads)
     return 0
 
 

@@ -1,0 +1,27 @@
+"""Serving exported models with ONNX Runtime (``xdevice.serving``, ``xdevice serve``).
+
+- ``Session`` (``session.py``): an ONNX Runtime session on an xdevice ``Device`` that reports
+  the execution providers really in use, per node where ONNX Runtime can say.
+- ``Repository`` (``repository.py``): Triton's model-repository layout and ``config.pbtxt``.
+- ``Server`` / ``serve`` (``server.py``): the Open Inference Protocol (KServe V2) over HTTP with
+  the binary tensor extension, dynamic batching (``batcher.py``) and Prometheus metrics.
+
+Importing this package imports neither ONNX Runtime nor the web stack until used.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["ModelConfig", "Repository", "Server", "Session", "TensorSpec", "serve"]
+
+_HOMES = {"Session": "session", "TensorSpec": "session", "Repository": "repository",
+          "ModelConfig": "repository", "Server": "server", "serve": "server"}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _HOMES:
+        raise AttributeError(f"module 'xdevice.serving' has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module(f"xdevice.serving.{_HOMES[name]}"), name)

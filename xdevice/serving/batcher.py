@@ -1,0 +1,135 @@
+"""Dynamic batching: concurrent requests merged along axis 0, run once, split back.
+
+Requests whose inputs have the same names, dtypes and trailing shapes can share a batch.
+The first request waiting opens a batch; it closes as soon as its rows reach
+``max_batch_size`` or one of the preferred sizes, or when ``max_queue_delay`` has passed
+since that request arrived. Each caller then gets exactly its own rows back: the
+rows ``[start, start + n)`` of every output, where ``start`` is its offset in the batch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import dataclasses
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from xdevice.serving.metrics import Metrics
+
+__all__ = ["Batcher"]
+
+Arrays = dict[str, np.ndarray]
+
+
+@dataclasses.dataclass(eq=False)  # compared by identity: the queue removes exactly this one
+class _Pending:
+    inputs: Arrays
+    rows: int
+    key: tuple
+    arrived: float
+    done: asyncio.Future
+
+
+class Batcher:
+    """Queue requests for ``run`` (a blocking function of a dict of arrays) and batch them.
+
+    ``instances`` workers take batches from one queue, so one batch can be gathered
+    while another runs; ``run`` executes in ``executor``, off the event loop.
+    """
+
+    def __init__(self, run: Callable[[Arrays], Arrays], *, max_batch_size: int, max_queue_delay: float,
+                 executor: Any, metrics: Metrics, instances: int = 1, preferred: tuple[int, ...] = ()):
+        self.run, self.max_batch_size, self.delay = run, max_batch_size, max_queue_delay
+        self.preferred = set(preferred)
+        self.executor, self.metrics, self.instances = executor, metrics, instances
+        self.queue: collections.deque[_Pending] = collections.deque()
+        self.wakeup: asyncio.Event | None = None
+        self.gathering: asyncio.Lock | None = None
+        self.workers: list[asyncio.Task] = []
+
+    async def submit(self, inputs: Arrays) -> Arrays:
+        """The outputs for one request's ``inputs``, computed in a shared batch."""
+        loop = asyncio.get_running_loop()
+        if not self.workers:
+            self.wakeup, self.gathering = asyncio.Event(), asyncio.Lock()
+            self.workers = [loop.create_task(self._work()) for _ in range(self.instances)]
+        key = tuple(sorted((name, x.dtype.str, x.shape[1:]) for name, x in inputs.items()))
+        rows = next(iter(inputs.values())).shape[0]
+        pending = _Pending(inputs, rows, key, time.perf_counter(), loop.create_future())
+        self.queue.append(pending)
+        self.metrics.pending(+1)
+        self.wakeup.set()
+        return await pending.done
+
+    async def close(self) -> None:
+        for task in self.workers:
+            task.cancel()
+        await asyncio.gather(*self.workers, return_exceptions=True)
+        self.workers = []
+
+    async def _work(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            async with self.gathering:  # one worker gathers at a time; the others run batches
+                while not self.queue:
+                    self.wakeup.clear()
+                    await self.wakeup.wait()
+                batch = await self._gather()
+            start = time.perf_counter()
+            for item in batch:
+                self.metrics.pending(-1)
+                self.metrics.queued(start - item.arrived)
+            try:
+                merged = {name: np.concatenate([item.inputs[name] for item in batch]) if len(batch) > 1
+                          else batch[0].inputs[name] for name in batch[0].inputs}
+                outputs = await loop.run_in_executor(self.executor, self.run, merged)
+                self.metrics.executed(sum(item.rows for item in batch), time.perf_counter() - start)
+                _split(batch, outputs)
+            except Exception as error:  # noqa: BLE001 - every caller of the batch hears of it
+                for item in batch:
+                    if not item.done.done():
+                        item.done.set_exception(error)
+
+    async def _gather(self) -> list[_Pending]:
+        """The oldest request and the compatible ones that fit, once the batch should close."""
+        first = self.queue[0]
+        deadline = first.arrived + self.delay
+        while True:
+            batch, rows = [], 0
+            for item in self.queue:
+                if item.key == first.key and rows + item.rows <= self.max_batch_size:
+                    batch.append(item)
+                    rows += item.rows
+            if rows >= self.max_batch_size or rows in self.preferred or time.perf_counter() >= deadline:
+                break
+            self.wakeup.clear()
+            try:
+                await asyncio.wait_for(self.wakeup.wait(), timeout=max(deadline - time.perf_counter(), 0))
+            except asyncio.TimeoutError:
+                pass
+        for item in batch:
+            self.queue.remove(item)
+        return batch
+
+
+def _split(batch: list[_Pending], outputs: Arrays) -> None:
+    total = sum(item.rows for item in batch)
+    for name, value in outputs.items():
+        if len(batch) > 1 and (value.ndim == 0 or value.shape[0] != total):
+            raise ValueError(message_rows(name, value.shape, total))
+    start = 0
+    for item in batch:
+        stop = start + item.rows
+        if not item.done.done():
+            item.done.set_result({name: value[start:stop] if len(batch) > 1 else value
+                                  for name, value in outputs.items()})
+        start = stop
+
+
+def message_rows(name: str, shape: tuple, rows: int) -> str:
+    return (f"Output {name!r} has shape {list(shape)}, not {rows} rows first: this model cannot be "
+            f"batched dynamically. Fix: remove `dynamic_batching` from its config.pbtxt.")

@@ -1,0 +1,221 @@
+"""The Open Inference Protocol (KServe V2) infer body, JSON and binary, both ways.
+
+A request body is a JSON header, optionally followed by the raw bytes of the inputs that
+say ``"parameters": {"binary_data_size": n}``, in the order of ``inputs``; the header's
+length is the ``Inference-Header-Content-Length`` HTTP header. Numbers are little-endian,
+row-major; BYTES elements are each a 4-byte little-endian length and the bytes. Responses
+mirror that: outputs the client asked for in binary (``binary_data_output`` or a per-output
+``binary_data``) follow the JSON header, and the header length goes in the same HTTP header.
+Every malformed body raises ``BadRequest`` with what was wrong and what was expected.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import struct
+from typing import Any
+
+import numpy as np
+import orjson
+
+from xdevice._errors import InferenceError, message
+from xdevice.serving.repository import FROM_V2, V2_DATATYPES
+
+__all__ = ["BadRequest", "InferRequest", "decode_request", "encode_response", "HEADER_LENGTH"]
+
+HEADER_LENGTH = "inference-header-content-length"
+
+
+class BadRequest(InferenceError):
+    """A request the server answers with a 4xx status (400 unless said otherwise)."""
+
+    def __init__(self, text: str, status: int = 400):
+        super().__init__(text)
+        self.status = status
+
+
+@dataclasses.dataclass
+class InferRequest:
+    id: str | None
+    inputs: dict[str, np.ndarray]
+    datatypes: dict[str, str]                  # input name -> V2 datatype as sent
+    outputs: list[tuple[str, bool]] | None     # (name, binary); None: all outputs
+    binary_outputs: bool                       # the default for outputs not listed
+
+
+def decode_request(body: bytes, header_length: str | None) -> InferRequest:
+    """Parse an infer body into numpy arrays (strings arrive as an object array of bytes)."""
+    split = len(body)
+    if header_length is not None:
+        try:
+            split = int(header_length)
+        except ValueError:
+            raise BadRequest(message("Inference-Header-Content-Length is not a number",
+                                     received=header_length)) from None
+        if not 0 < split <= len(body):
+            raise BadRequest(message("Inference-Header-Content-Length does not fit the body",
+                                     expected=f"1..{len(body)} (the body's length)", received=split))
+    try:
+        header = orjson.loads(body[:split])
+    except orjson.JSONDecodeError as error:
+        raise BadRequest(message("The request is not valid JSON", received=str(error)[:200],
+                                 fix="send a JSON object with an `inputs` list")) from None
+    if not isinstance(header, dict) or not isinstance(header.get("inputs"), list) or not header["inputs"]:
+        raise BadRequest(message("The request has no `inputs`",
+                                 expected='{"inputs": [{"name", "shape", "datatype", "data"}]}'))
+    binary, offset = body[split:], 0
+    inputs, datatypes = {}, {}
+    for entry in header["inputs"]:
+        name, datatype, shape = _tensor_header(entry)
+        size = (entry.get("parameters") or {}).get("binary_data_size")
+        if size is not None:
+            if not isinstance(size, int) or size < 0 or offset + size > len(binary):
+                raise BadRequest(message(f"Input {name!r}: binary_data_size does not add up",
+                                         expected=f"at most the {len(binary) - offset} bytes left after "
+                                                  "the JSON header", received=size))
+            inputs[name] = _from_bytes(name, binary[offset:offset + size], datatype, shape)
+            offset += size
+        elif "data" in entry:
+            inputs[name] = _from_json(name, entry["data"], datatype, shape)
+        else:
+            raise BadRequest(message(f"Input {name!r} has neither `data` nor a binary_data_size"))
+        datatypes[name] = datatype
+    if offset != len(binary):
+        raise BadRequest(message("The binary part is longer than the inputs' binary_data_size add up to",
+                                 expected=f"{offset} bytes", received=f"{len(binary)} bytes"))
+    parameters = header.get("parameters") or {}
+    outputs = header.get("outputs")
+    if outputs is not None:
+        if not isinstance(outputs, list) or not all(isinstance(o, dict) and isinstance(o.get("name"), str)
+                                                    for o in outputs):
+            raise BadRequest(message("`outputs` must be a list of objects with a name", received=outputs))
+        default = bool(parameters.get("binary_data_output", False))
+        outputs = [(o["name"], bool((o.get("parameters") or {}).get("binary_data", default))) for o in outputs]
+    request_id = header.get("id")
+    return InferRequest(None if request_id is None else str(request_id), inputs, datatypes, outputs,
+                        bool(parameters.get("binary_data_output", False)))
+
+
+def encode_response(model: str, version: str, request: InferRequest, outputs: dict[str, np.ndarray]
+                    ) -> tuple[bytes, dict[str, str]]:
+    """The response body and headers for ``outputs`` (only those the request asked for)."""
+    wanted = request.outputs if request.outputs is not None else [(n, request.binary_outputs) for n in outputs]
+    entries, blobs = [], []
+    for name, binary in wanted:
+        value = outputs[name]
+        datatype = _v2_datatype(value)
+        entry: dict[str, Any] = {"name": name, "datatype": datatype, "shape": list(value.shape)}
+        if binary:
+            blob = _to_bytes(value, datatype)
+            entry["parameters"] = {"binary_data_size": len(blob)}
+            blobs.append(blob)
+        else:
+            entry["data"] = _to_json(value, datatype)
+        entries.append(entry)
+    response = {"model_name": model, "model_version": version, "outputs": entries}
+    if request.id is not None:
+        response["id"] = request.id
+    header = orjson.dumps(response)
+    if not blobs:
+        return header, {"content-type": "application/json"}
+    return header + b"".join(blobs), {HEADER_LENGTH: str(len(header)), "content-type": "application/octet-stream"}
+
+
+def encode_bytes(values: np.ndarray) -> bytes:
+    """BYTES elements as 4-byte little-endian lengths followed by the bytes, row-major."""
+    parts = []
+    for item in values.reshape(-1):
+        raw = item.encode() if isinstance(item, str) else bytes(item)
+        parts += [struct.pack("<I", len(raw)), raw]
+    return b"".join(parts)
+
+
+def _tensor_header(entry: Any) -> tuple[str, str, tuple[int, ...]]:
+    if not isinstance(entry, dict) or not isinstance(entry.get("name"), str):
+        raise BadRequest(message("Each input needs a name", received=entry))
+    name, datatype, shape = entry["name"], entry.get("datatype"), entry.get("shape")
+    if datatype not in FROM_V2:
+        raise BadRequest(message(f"Input {name!r} has an unknown datatype", received=datatype,
+                                 choices=sorted(FROM_V2)))
+    if not isinstance(shape, list) or not all(isinstance(d, int) and d >= 0 for d in shape):
+        raise BadRequest(message(f"Input {name!r} has a bad shape", expected="a list of non-negative ints",
+                                 received=shape))
+    return name, datatype, tuple(shape)
+
+
+def _from_json(name: str, data: Any, datatype: str, shape: tuple[int, ...]) -> np.ndarray:
+    flat = _flatten(data)
+    if len(flat) != math.prod(shape):
+        raise BadRequest(message(f"Input {name!r}: the data does not match the shape",
+                                 expected=f"{math.prod(shape)} values for shape {list(shape)}",
+                                 received=f"{len(flat)} values"))
+    if datatype == "BYTES":
+        if not all(isinstance(v, str) for v in flat):
+            raise BadRequest(message(f"Input {name!r}: BYTES data in JSON must be strings"))
+        return np.array([v.encode() for v in flat], dtype=object).reshape(shape)
+    if datatype == "BF16":
+        raise BadRequest(message(f"Input {name!r}: BF16 cannot be sent as JSON",
+                                 fix="send it in binary (the client's default)"))
+    try:
+        return np.asarray(flat, dtype=FROM_V2[datatype]).reshape(shape)
+    except (TypeError, ValueError, OverflowError) as error:
+        raise BadRequest(message(f"Input {name!r}: the data are not {datatype}", received=str(error))) from None
+
+
+def _flatten(data: Any) -> list:
+    if not isinstance(data, list):
+        return [data]
+    if data and isinstance(data[0], list):
+        return [v for row in data for v in _flatten(row)]
+    return data
+
+
+def _from_bytes(name: str, raw: bytes, datatype: str, shape: tuple[int, ...]) -> np.ndarray:
+    count = math.prod(shape)
+    if datatype == "BYTES":
+        items, at = [], 0
+        while at < len(raw):
+            if at + 4 > len(raw):
+                raise BadRequest(message(f"Input {name!r}: a BYTES element is cut short"))
+            (length,) = struct.unpack_from("<I", raw, at)
+            items.append(raw[at + 4:at + 4 + length])
+            at += 4 + length
+        if at != len(raw) or len(items) != count:
+            raise BadRequest(message(f"Input {name!r}: the BYTES elements do not match the shape",
+                                     expected=f"{count} elements", received=f"{len(items)}"))
+        return np.array(items, dtype=object).reshape(shape)
+    dtype = np.dtype(_numpy_dtype(datatype))
+    if len(raw) != count * dtype.itemsize:
+        raise BadRequest(message(f"Input {name!r}: binary_data_size does not match the shape",
+                                 expected=f"{count * dtype.itemsize} bytes ({list(shape)} x {datatype})",
+                                 received=f"{len(raw)} bytes"))
+    return np.frombuffer(raw, dtype=dtype.newbyteorder("<")).astype(dtype, copy=False).reshape(shape)
+
+
+def _numpy_dtype(datatype: str):
+    if datatype == "BF16":
+        import ml_dtypes
+
+        return ml_dtypes.bfloat16
+    return FROM_V2[datatype]
+
+
+def _v2_datatype(value: np.ndarray) -> str:
+    if value.dtype.kind in "OSU":
+        return "BYTES"
+    return V2_DATATYPES[value.dtype.name]
+
+
+def _to_bytes(value: np.ndarray, datatype: str) -> bytes:
+    if datatype == "BYTES":
+        return encode_bytes(value)
+    return np.ascontiguousarray(value).tobytes()
+
+
+def _to_json(value: np.ndarray, datatype: str) -> list:
+    if datatype == "BYTES":
+        return [v.decode() if isinstance(v, bytes) else str(v) for v in value.reshape(-1)]
+    if datatype == "BF16":
+        value = value.astype(np.float32)
+    return value.reshape(-1).tolist()

@@ -1,0 +1,357 @@
+"""One ONNX model loaded in ONNX Runtime on one device, reporting the providers really in use.
+
+ONNX Runtime lists CUDA as available even when its libraries are missing, then runs on the
+CPU with only a log line. A :class:`Session` therefore reads back what the session
+registered (``providers``) and where each node went (``assignment``), and refuses a GPU
+session that is not on the GPU. ``strict=True`` also refuses single nodes left on the CPU.
+
+Decisions:
+- The model is read through ``converters.load.load_model`` (size limits, corrupt files,
+  external data kept inside the model's folder); ORT gets the checked path when the model has
+  external data, and the serialised bytes otherwise.
+- A Python list has no dtype, so it is cast to the input's dtype; an array whose dtype
+  differs from the input's is refused, never cast silently.
+- Framework arrays on the session's GPU are bound with IO binding through DLPack (no host
+  copy); ``to="torch"|"jax"|"tensorflow"`` hands outputs over through DLPack too, on the
+  session's device. String outputs are always numpy object arrays of ``str``.
+- ``bfloat16`` inputs and outputs are not supported (ORT's numpy bridge refuses them).
+
+Does not import onnxruntime or any framework until a Session is created.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import os
+import warnings
+from pathlib import Path
+from typing import Any
+
+from xdevice import _configure, _registry
+from xdevice._device import Device, device as parse_device
+from xdevice._errors import ConfigurationError, DeviceNotFound, InferenceError, message
+from xdevice._tensors import backend_of
+
+__all__ = ["TensorSpec", "Session"]
+
+_OPTIMIZATION = {"disable": "ORT_DISABLE_ALL", "basic": "ORT_ENABLE_BASIC",
+                 "extended": "ORT_ENABLE_EXTENDED", "all": "ORT_ENABLE_ALL"}
+_ONNX_TO_NUMPY = {"float": "float32", "double": "float64", "float16": "float16", "bfloat16": "bfloat16",
+                  "bool": "bool", "string": "string", **{f"{s}int{b}": f"{s}int{b}" for s in ("", "u")
+                                                         for b in (8, 16, 32, 64)}}
+_FRAMEWORKS = ("torch", "jax", "tensorflow")
+_GPU_FIX = ("install the GPU build (pip uninstall onnxruntime && pip install onnxruntime-gpu), "
+            "and run `xdevice doctor` to check the CUDA and cuDNN libraries")
+
+
+@dataclasses.dataclass(frozen=True)
+class TensorSpec:
+    """A model input or output: name, numpy dtype name (or ``"string"``), shape (None = any)."""
+
+    name: str
+    dtype: str
+    shape: tuple
+
+
+class Session:
+    """An ONNX model in ONNX Runtime on one device.
+
+    Args:
+        model: a path to a ``.onnx`` file, its bytes, or an ``onnx.ModelProto``.
+        device: ``"cpu"`` or ``"gpu:N"`` in any spelling ``xdevice.device`` reads.
+        threads: intra-op threads (None: ORT's default, one per physical core).
+        optimization: graph optimisation, one of ``disable``, ``basic``, ``extended``, ``all``.
+        tensorrt: put ORT's TensorRT provider before CUDA (GPU only).
+        strict: on a GPU, refuse a model with any node assigned to the CPU provider.
+        warmup: run once on zeros before ``ready`` turns True.
+
+    Raises:
+        DeviceNotFound: a GPU was asked for but ORT's CUDA provider did not register.
+        ConfigurationError: a bad setting, or (strict) nodes that fell back to the CPU.
+        ConversionError: the model cannot be read.
+        InferenceError: ORT cannot load the model, or the warm-up run failed.
+
+    >>> session = Session("model.onnx", "cpu")          # doctest: +SKIP
+    >>> session.run({"x": [[1.0, 2.0]]})["y"]           # doctest: +SKIP
+    """
+
+    def __init__(self, model: Any, device: Any = "cpu", *, threads: int | None = None,
+                 optimization: str = "all", tensorrt: bool = False, strict: bool = False,
+                 warmup: bool = True) -> None:
+        import onnxruntime as ort
+
+        from xdevice.converters.load import load_model
+
+        self.device: Device = parse_device(device)
+        if self.device.kind not in ("cpu", "gpu"):
+            raise ConfigurationError(message("ONNX Runtime serves on a CPU or a GPU",
+                                             received=str(self.device), choices=["cpu", "gpu:0"]))
+        options = _session_options(ort, threads, optimization)
+        proto = load_model(model, check=True)
+        self.model_path = Path(os.fspath(model)) if isinstance(model, (str, os.PathLike)) else None
+        self.name = self.model_path.stem if self.model_path else (proto.graph.name or "model")
+        external = self.model_path is not None and _has_external_data(proto)
+        source = str(self.model_path) if external else proto.SerializeToString()
+        del proto
+        requested = provider_list(self.device, tensorrt=tensorrt, memory_limit=_memory_limit(self.device))
+        try:
+            with warnings.catch_warnings():  # ORT warns "not in available provider names"; we raise below
+                warnings.filterwarnings("ignore", "Specified provider", UserWarning)
+                self._session = ort.InferenceSession(source, sess_options=options, providers=requested)
+        except Exception as error:  # ORT raises its own pybind Fail/InvalidGraph types
+            raise InferenceError(message(
+                f"ONNX Runtime cannot load model {self.name!r}", received=str(error).strip()[:500],
+                fix=f"ONNX Runtime {ort.__version__} reads IR version <= 13 and ai.onnx opset <= 26; "
+                    "re-export with those, or check the model with onnx.checker")) from error
+        self.providers: list[str] = list(self._session.get_providers())
+        nodes = _assigned_nodes(self._session)
+        self.assignment: dict[str, int] = dict(collections.Counter(ep for ep, _ in nodes or ()))
+        _check_providers(self.device, [p if isinstance(p, str) else p[0] for p in requested],
+                         self.providers, nodes, strict)
+        self.inputs = [_spec(a) for a in self._session.get_inputs()]
+        self.outputs = [_spec(a) for a in self._session.get_outputs()]
+        self.ready = False
+        if warmup:
+            zeros = {s.name: _zeros(s) for s in self.inputs}
+            try:
+                self.run(zeros)
+            except Exception as error:
+                raise InferenceError(message(
+                    f"Warm-up of model {self.name!r} on zeros failed", received=str(error)[:500],
+                    fix="pass warmup=False if the model needs real inputs (related dims, valid ids)")) from error
+        self.ready = True
+
+    def __repr__(self) -> str:
+        return f"Session({self.name!r}, device='{self.device}', providers={self.providers})"
+
+    def run(self, inputs: dict[str, Any], outputs: list[str] | None = None, *,
+            to: str | None = None) -> dict[str, Any]:
+        """Run the model once; thread safe.
+
+        Args:
+            inputs: input name -> numpy array, Python list, or torch/JAX/TensorFlow array.
+            outputs: the output names to compute (default: all).
+            to: ``None``/``"numpy"`` for numpy arrays, or ``"torch"``, ``"jax"``,
+                ``"tensorflow"`` for that framework's arrays on the session's device.
+
+        Raises:
+            InferenceError: unknown or missing names, a wrong dtype or rank, or a failed run.
+        """
+        names = [s.name for s in self.outputs]
+        wanted = names if outputs is None else list(outputs)
+        for name in wanted:
+            if name not in names:
+                raise InferenceError(message("Unknown output name", received=name, choices=names))
+        if to not in (None, "numpy", *_FRAMEWORKS):
+            raise InferenceError(message("Unknown output framework", received=to,
+                                         choices=["numpy", *_FRAMEWORKS]))
+        feeds = self._check_inputs(inputs)
+        on_gpu = self.device.kind == "gpu"
+        try:
+            if to in (None, "numpy") and not any(_is_device_array(v) for v in feeds.values()):
+                values = self._session.run(wanted, {k: _host(v) for k, v in feeds.items()})
+                return dict(zip(wanted, values))
+            return self._run_bound(feeds, wanted, to, on_gpu)
+        except InferenceError:
+            raise
+        except Exception as error:
+            raise InferenceError(message(f"Model {self.name!r} failed to run",
+                                         received=str(error).strip()[:500])) from error
+
+    def _run_bound(self, feeds: dict[str, Any], wanted: list[str], to: str | None, on_gpu: bool):
+        import onnxruntime as ort
+
+        place = ("cuda", self.device.index) if on_gpu else ("cpu", 0)
+        binding = self._session.io_binding()  # one per call: a binding is not shared between threads
+        for name, value in feeds.items():
+            if _is_device_array(value):
+                if backend_of(value) == "torch":
+                    value = value.contiguous()
+                binding.bind_ortvalue_input(name, ort.OrtValue.from_dlpack(value))
+            else:
+                binding.bind_cpu_input(name, _host(value))
+        specs = {s.name: s for s in self.outputs}
+        for name in wanted:
+            binding.bind_output(name, *(("cpu", 0) if specs[name].dtype == "string" else place))
+        self._session.run_with_iobinding(binding)
+        if to in (None, "numpy"):
+            return dict(zip(wanted, binding.copy_outputs_to_cpu()))
+        target = _registry.backend(to)
+        result = {}
+        for name, value in zip(wanted, binding.get_outputs()):
+            if specs[name].dtype in ("string", "bool"):  # no DLPack for strings; bool arrives as uint8
+                array = value.numpy()
+                if specs[name].dtype == "bool":
+                    array = target.to_device(target.from_dlpack(array), self.device)
+                result[name] = array
+            else:
+                result[name] = target.from_dlpack(value)
+        return result
+
+    def _check_inputs(self, inputs: dict[str, Any]) -> dict[str, Any]:
+        specs = {s.name: s for s in self.inputs}
+        unknown = [k for k in inputs if k not in specs]
+        missing = [k for k in specs if k not in inputs]
+        if unknown or missing:
+            raise InferenceError(message(
+                f"Model {self.name!r} got wrong input names", expected="exactly the model's inputs",
+                received=f"unknown {unknown}, missing {missing}", choices=list(specs)))
+        return {name: _checked(specs[name], value, self.device) for name, value in inputs.items()}
+
+
+def provider_list(device: Device, *, tensorrt: bool = False, memory_limit: int | None = None) -> list:
+    """The providers to request for ``device``, most preferred first (CPU always last).
+
+    >>> provider_list(Device("gpu", 1), memory_limit=2**30)[0]
+    ('CUDAExecutionProvider', {'device_id': 1, 'gpu_mem_limit': 1073741824})
+    """
+    if device.kind == "cpu":
+        if tensorrt:
+            raise ConfigurationError(message("TensorRT needs a GPU device", received=str(device),
+                                             fix="pass device='gpu:0', or drop tensorrt=True"))
+        return ["CPUExecutionProvider"]
+    cuda: dict[str, Any] = {"device_id": device.index}
+    if memory_limit is not None:
+        cuda["gpu_mem_limit"] = int(memory_limit)
+    trt = [("TensorrtExecutionProvider", {"device_id": device.index})] if tensorrt else []
+    return [*trt, ("CUDAExecutionProvider", cuda), "CPUExecutionProvider"]
+
+
+def _memory_limit(device: Device) -> int | None:
+    """The GPU memory limit ``xdevice.configure(memory_limit=...)`` set for ``device``, in bytes."""
+    for config, _ in reversed(list(_configure._applied.values())):
+        limit = config.memory_limit
+        if isinstance(limit, dict):
+            limit = limit.get(device)
+        if limit is not None:
+            return int(limit)
+    return None
+
+
+def _check_providers(device: Device, requested: list[str], registered: list[str],
+                     nodes: list[tuple[str, str]] | None, strict: bool) -> None:
+    """Raise when the session is not on the device asked for. Pure: tested with made-up inputs.
+
+    Args:
+        requested / registered: provider names asked for, and those the session reports.
+        nodes: ``(provider, op_type)`` per node, or None when ORT cannot say.
+    """
+    if device.kind != "gpu":
+        return
+    if "CUDAExecutionProvider" not in registered:
+        raise DeviceNotFound(message(
+            f"ONNX Runtime did not register its CUDA provider for {device}; it would run on the CPU",
+            expected="CUDAExecutionProvider among the session's providers", received=registered,
+            fix=_GPU_FIX))
+    if "TensorrtExecutionProvider" in requested and "TensorrtExecutionProvider" not in registered:
+        raise ConfigurationError(message(
+            "ONNX Runtime did not register its TensorRT provider", received=registered,
+            fix="install TensorRT's libraries where onnxruntime-gpu finds them, or pass tensorrt=False"))
+    if not strict:
+        return
+    if nodes is None:
+        raise ConfigurationError(message(
+            "strict=True needs ONNX Runtime to report where each node runs, and it cannot",
+            expected="onnxruntime >= 1.24", fix="upgrade onnxruntime-gpu, or pass strict=False"))
+    on_cpu = collections.Counter(op for ep, op in nodes if ep == "CPUExecutionProvider")
+    if on_cpu:
+        ops = ", ".join(f"{op} x{n}" for op, n in sorted(on_cpu.items()))
+        raise ConfigurationError(message(
+            f"strict=True, but {sum(on_cpu.values())} node(s) fell back to the CPU on {device}",
+            received=ops, fix="replace those ops in the model, or pass strict=False to allow the fallback"))
+
+
+# -- helpers --------------------------------------------------------------------------------
+
+def _session_options(ort, threads: int | None, optimization: str):
+    if optimization not in _OPTIMIZATION:
+        raise ConfigurationError(message("Unknown optimization level", received=optimization,
+                                         choices=list(_OPTIMIZATION)))
+    if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
+        raise ConfigurationError(message("threads is the number of intra-op threads",
+                                         expected="an int of 1 or more, or None", received=threads))
+    options = ort.SessionOptions()
+    options.graph_optimization_level = getattr(ort.GraphOptimizationLevel, _OPTIMIZATION[optimization])
+    options.intra_op_num_threads = threads or 0
+    options.add_session_config_entry("session.record_ep_graph_assignment_info", "1")
+    return options
+
+
+def _assigned_nodes(session) -> list[tuple[str, str]] | None:
+    """``(provider, op_type)`` for each node, or None on an ORT that cannot say (< 1.24)."""
+    try:
+        info = session.get_provider_graph_assignment_info()
+    except Exception:  # absent before 1.24; raises if the config entry did not reach the session
+        return None
+    return [(sub.ep_name, node.op_type) for sub in info for node in sub.get_nodes()]
+
+
+def _has_external_data(proto) -> bool:
+    from onnx.external_data_helper import _get_all_tensors, uses_external_data
+
+    return any(uses_external_data(t) for t in _get_all_tensors(proto))
+
+
+def _spec(arg) -> TensorSpec:
+    kind = arg.type[len("tensor("):-1] if arg.type.startswith("tensor(") else arg.type
+    shape = tuple(d if isinstance(d, int) else None for d in (arg.shape or ()))
+    return TensorSpec(arg.name, _ONNX_TO_NUMPY.get(kind, kind), shape)
+
+
+def _zeros(spec: TensorSpec):
+    import numpy as np
+
+    shape = tuple(1 if d is None else d for d in spec.shape)
+    return np.full(shape, "", dtype=object) if spec.dtype == "string" else np.zeros(shape, spec.dtype)
+
+
+def _is_device_array(value: Any) -> bool:
+    """A framework array left on the session's GPU by ``_checked``, for DLPack into ORT."""
+    import numpy as np
+
+    return not isinstance(value, np.ndarray)
+
+
+def _host(value: Any):
+    import numpy as np
+
+    return value if isinstance(value, np.ndarray) else _registry.backend(backend_of(value)).to_numpy(value)
+
+
+def _checked(spec: TensorSpec, value: Any, device: Device):
+    """``value`` ready for ORT: numpy, or a framework array on ``device``; dtype and rank checked."""
+    import numpy as np
+
+    if spec.dtype == "string":
+        array = np.asarray(value if isinstance(value, (list, tuple, np.ndarray)) else _host(value))
+        text = [v.decode("utf-8") if isinstance(v, bytes) else str(v) for v in array.ravel()]
+        value = np.array(text, dtype=object).reshape(array.shape)  # ORT would str() bytes: "b'ab'"
+    elif isinstance(value, (list, tuple, int, float, bool)):
+        value = np.asarray(value, dtype=spec.dtype)  # a list has no dtype of its own
+    else:
+        name = backend_of(value)
+        # bool cannot cross DLPack into ORT (kDLBool), so it goes through the host
+        if name != "numpy" and (device.kind == "cpu" or spec.dtype == "bool"
+                                or _registry.backend(name).device_of(value) != device):
+            value = _registry.backend(name).to_numpy(value)
+    dtype = "string" if spec.dtype == "string" else np.dtype(_dtype_name(value)).name
+    if dtype != spec.dtype:
+        raise InferenceError(message(f"Input {spec.name!r} has the wrong dtype", expected=spec.dtype,
+                                     received=dtype, fix=f"cast it to {spec.dtype}"))
+    shape = tuple(value.shape)
+    if len(shape) != len(spec.shape) or any(w is not None and w != d for w, d in zip(spec.shape, shape)):
+        raise InferenceError(message(f"Input {spec.name!r} has the wrong shape",
+                                     expected=f"rank {len(spec.shape)}, shape {_show(spec.shape)}",
+                                     received=_show(shape)))
+    return value
+
+
+def _dtype_name(value: Any) -> str:
+    dtype = value.dtype
+    return getattr(dtype, "as_numpy_dtype", None) or str(dtype).removeprefix("torch.")
+
+
+def _show(shape: tuple) -> str:
+    dims = ["?" if d is None else str(d) for d in shape]
+    return "(" + ", ".join(dims) + ("," if len(dims) == 1 else "") + ")"
