@@ -1,0 +1,246 @@
+"""The server under load from the standard client: throughput, latency and errors, batched against plain.
+
+For each zoo model: a repository in a temporary folder with the same ONNX model twice,
+``<model>_batched`` (``max_batch_size: 64``, dynamic batching with a 2 ms queue delay) and
+``<model>_plain`` (``max_batch_size: 64``, each request runs alone). The server runs on
+loopback in this process; ``tritonclient.http.aio`` sends batch-1 requests with binary data
+from N coroutines, each looping for ``--duration`` seconds, at concurrency 1 and 32. The raw
+baseline is ``onnxruntime.InferenceSession.run`` at batch 1 in a loop, in the same run and
+with the same ORT threads. Prints requests/s, p50 and p99 latency and errors per cell, then
+the batching speed-up at the highest concurrency (batched / plain requests/s), the server
+overhead at concurrency 1 (server p50 - raw p50) and the total errors. ``--soak SECONDS``
+also runs ``cnn_batched`` at the highest concurrency that long and reports the process's
+resident memory over the second half. Run:
+
+    .venv/bin/python benchmarks/serve.py [--models mlp cnn] [--duration 8] [--concurrency 1 32]
+                                         [--threads 1] [--soak 60]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+
+from xdevice import models
+from xdevice.converters import export
+from xdevice.serving.server import Server
+
+MAX_BATCH = 64
+DELAY_US = 2000
+CONFIGS = {
+    "batched": f"max_batch_size: {MAX_BATCH}\ndynamic_batching {{ max_queue_delay_microseconds: {DELAY_US} }}\n",
+    "plain": f"max_batch_size: {MAX_BATCH}\n",
+}
+
+
+def rss_mib() -> float:
+    """This process's resident memory (the server runs in it), from /proc/self/status."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def build_repository(root: Path, names: list[str]) -> dict[str, np.ndarray]:
+    """``<name>_batched`` and ``<name>_plain`` for each zoo model; returns each model's batch-1 input."""
+    inputs = {}
+    for name in names:
+        model = models.build(name, seed=0, backend="torch")
+        onnx_bytes = None
+        for kind, config in CONFIGS.items():
+            folder = root / f"{name}_{kind}"
+            (folder / "1").mkdir(parents=True)
+            if onnx_bytes is None:
+                export(model, folder / "1" / "model.onnx")
+                onnx_bytes = (folder / "1" / "model.onnx").read_bytes()
+            else:
+                (folder / "1" / "model.onnx").write_bytes(onnx_bytes)
+            (folder / "config.pbtxt").write_text(config)
+        inputs[name] = model.example_input(1, seed=0)
+    return inputs
+
+
+def raw_baseline(path: Path, x: np.ndarray, threads: int, duration: float) -> tuple[float, float, float]:
+    """ORT's ``session.run`` at batch 1 in a loop: (p50 ms, p99 ms, runs/s)."""
+    import onnxruntime
+
+    options = onnxruntime.SessionOptions()
+    options.intra_op_num_threads = threads
+    session = onnxruntime.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    feed = {"input": x}
+    for _ in range(20):
+        session.run(None, feed)
+    times = []
+    start = time.perf_counter()
+    while time.perf_counter() - start < duration:
+        t = time.perf_counter()
+        session.run(None, feed)
+        times.append((time.perf_counter() - t) * 1000)
+    elapsed = time.perf_counter() - start
+    p50, p99 = np.percentile(times, [50, 99])
+    return float(p50), float(p99), len(times) / elapsed
+
+
+async def load(client, model: str, x: np.ndarray, output: str, concurrency: int, duration: float,
+               warmup: float) -> dict:
+    """``concurrency`` coroutines sending batch-1 requests for ``warmup + duration`` seconds.
+
+    Requests that start in the warm-up are not counted; the measured window runs from the end
+    of the warm-up until the last request in flight returns.
+    """
+    from tritonclient.http import InferInput, InferRequestedOutput
+
+    request = InferInput("input", list(x.shape), "FP32")
+    request.set_data_from_numpy(x, binary_data=True)
+    wanted = [InferRequestedOutput(output, binary_data=True)]
+    latencies: list[float] = []
+    errors: list[str] = []
+    begin = time.perf_counter()
+    measure, end = begin + warmup, begin + warmup + duration
+
+    async def worker():
+        while (now := time.perf_counter()) < end:
+            try:
+                result = await client.infer(model, [request], outputs=wanted)
+                ok = result.as_numpy(output) is not None
+                failure = None if ok else "no output"
+            except Exception as error:  # noqa: BLE001 - count every failure, keep loading
+                failure = f"{type(error).__name__}: {error}"
+            if now >= measure:
+                if failure is None:
+                    latencies.append((time.perf_counter() - now) * 1000)
+                else:
+                    errors.append(failure)
+
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    elapsed = time.perf_counter() - measure
+    p50, p99 = np.percentile(latencies, [50, 99]) if latencies else (float("nan"),) * 2
+    return {"rps": len(latencies) / elapsed, "p50": float(p50), "p99": float(p99), "errors": len(errors),
+            "first_error": errors[0] if errors else ""}
+
+
+async def check(client, model: str, x: np.ndarray, output: str, expected: np.ndarray) -> float:
+    """The max abs difference between the server's answer and ORT's own."""
+    from tritonclient.http import InferInput, InferRequestedOutput
+
+    request = InferInput("input", list(x.shape), "FP32")
+    request.set_data_from_numpy(x, binary_data=True)
+    result = await client.infer(model, [request], outputs=[InferRequestedOutput(output, binary_data=True)])
+    return float(np.max(np.abs(result.as_numpy(output) - expected)))
+
+
+async def soak(client, x: np.ndarray, output: str, concurrency: int, seconds: float) -> None:
+    samples: list[tuple[float, float]] = []
+    stop = threading.Event()
+    start = time.perf_counter()
+
+    def sample():  # a thread, so the once-a-second samples do not wait on a busy event loop
+        while not stop.is_set():
+            samples.append((time.perf_counter() - start, rss_mib()))
+            stop.wait(1.0)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    cell = await load(client, "cnn_batched", x, output, concurrency, seconds, 0.0)
+    stop.set()
+    sampler.join()
+    samples.append((time.perf_counter() - start, rss_mib()))
+    half = [(t, r) for t, r in samples if t >= seconds / 2]
+    first, last = half[0], half[-1]
+    print(f"\nsoak: cnn_batched, concurrency {concurrency}, {seconds:.0f} s, {cell['rps']:.0f} req/s, "
+          f"p99 {cell['p99']:.2f} ms, {cell['errors']} errors; RSS sampled once a second ({len(samples)} samples)")
+    print(f"  RSS at start {samples[0][1]:.1f} MiB, peak {max(r for _, r in samples):.1f} MiB")
+    print(f"  second half: {first[1]:.1f} MiB at {first[0]:.0f} s -> {last[1]:.1f} MiB at {last[0]:.0f} s, "
+          f"change {last[1] - first[1]:+.1f} MiB")
+    if cell["errors"]:
+        print(f"  first error: {cell['first_error']}")
+
+
+async def drive(url: str, names: list[str], inputs: dict, expected: dict, outputs: dict, args) -> dict:
+    from tritonclient.http.aio import InferenceServerClient
+
+    client = InferenceServerClient(url, conn_limit=max(args.concurrency) + 4)
+    try:
+        for name in names:
+            for kind in CONFIGS:
+                diff = await check(client, f"{name}_{kind}", inputs[name], outputs[name], expected[name])
+                if diff > 1e-4:
+                    raise SystemExit(f"{name}_{kind}: the server's output differs from ORT's by {diff:.2e}")
+        cells = {}
+        for name in names:
+            for concurrency in args.concurrency:
+                for kind in CONFIGS:
+                    cell = await load(client, f"{name}_{kind}", inputs[name], outputs[name], concurrency,
+                                      args.duration, args.warmup)
+                    cells[name, kind, concurrency] = cell
+                    print(f"{name + '_' + kind:<13} {concurrency:>5} {cell['rps']:>9.0f} {cell['p50']:>8.2f} "
+                          f"{cell['p99']:>8.2f} {cell['errors']:>7}", flush=True)
+                    if cell["errors"]:
+                        print(f"  first error: {cell['first_error']}", flush=True)
+        if args.soak > 0:
+            await soak(client, inputs["cnn"], outputs["cnn"], max(args.concurrency), args.soak)
+        return cells
+    finally:
+        await client.close()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", nargs="+", default=["mlp", "cnn"])
+    parser.add_argument("--duration", type=float, default=8.0, help="measured seconds per cell")
+    parser.add_argument("--warmup", type=float, default=1.0, help="unmeasured seconds before each cell")
+    parser.add_argument("--concurrency", nargs="+", type=int, default=[1, 32])
+    parser.add_argument("--threads", type=int, default=1, help="ORT intra-op threads, server and raw alike")
+    parser.add_argument("--soak", type=float, default=0.0, help="seconds of cnn_batched under load; 0 skips")
+    args = parser.parse_args()
+    import onnxruntime
+
+    low, high = min(args.concurrency), max(args.concurrency)
+    with tempfile.TemporaryDirectory(prefix="xdevice-serve-bench-") as tmp:
+        root = Path(tmp)
+        names = list(dict.fromkeys(args.models + (["cnn"] if args.soak > 0 else [])))
+        inputs = build_repository(root, names)
+        expected, outputs, raw = {}, {}, {}
+        for name in names:
+            path = root / f"{name}_plain" / "1" / "model.onnx"
+            session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+            outputs[name] = session.get_outputs()[0].name
+            expected[name] = session.run(None, {"input": inputs[name]})[0]
+        print(f"loopback HTTP, tritonclient.http.aio, batch-1 requests with binary data; server in this process "
+              f"(client and server share the GIL) with ORT threads={args.threads}; {args.warmup:g} s warm-up + "
+              f"{args.duration:g} s per cell; batched = dynamic batching, max_batch_size {MAX_BATCH}, "
+              f"max_queue_delay {DELAY_US} us; plain = each request alone")
+        print(f"{'model':<13} {'conc':>5} {'req/s':>9} {'p50 ms':>8} {'p99 ms':>8} {'errors':>7}")
+        for name in args.models:
+            raw[name] = raw_baseline(root / f"{name}_plain" / "1" / "model.onnx", inputs[name], args.threads,
+                                     args.duration)
+            p50, p99, rate = raw[name]
+            print(f"{name + '_raw':<13} {'-':>5} {rate:>9.0f} {p50:>8.3f} {p99:>8.3f} {'-':>7}  "
+                  f"(onnxruntime session.run, batch 1)", flush=True)
+        with Server(root, threads=args.threads) as server:
+            cells = asyncio.run(drive(server.url, args.models, inputs, expected, outputs, args))
+
+    print(f"\nbatching speed-up at concurrency {high} (batched req/s / plain req/s; target >= 2x):")
+    for name in args.models:
+        batched, plain = cells[name, "batched", high], cells[name, "plain", high]
+        print(f"  {name:<5} {batched['rps'] / plain['rps']:.2f}x  ({batched['rps']:.0f} / {plain['rps']:.0f})")
+    print(f"server overhead at concurrency {low} (server p50 - raw session.run p50; target < 1 ms):")
+    for name in args.models:
+        raw_p50 = raw[name][0]
+        plain, batched = cells[name, "plain", low], cells[name, "batched", low]
+        print(f"  {name:<5} plain {plain['p50'] - raw_p50:+.2f} ms  (batched {batched['p50'] - raw_p50:+.2f} ms, "
+              f"which includes the queue delay)")
+    total = sum(cell["errors"] for cell in cells.values())
+    print(f"total errors: {total} (target 0); median req/s over cells: "
+          f"{statistics.median(c['rps'] for c in cells.values()):.0f}")
+
+
+if __name__ == "__main__":
+    main()
