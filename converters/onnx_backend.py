@@ -39,7 +39,6 @@ def onnx_backend(name: str) -> type[Backend]:
 
     class XDeviceOnnxBackend(Backend):
         backend_name = name
-        has_gpu: bool | None = None
 
         @classmethod
         def prepare(cls, model, device: str = "CPU", **kwargs: Any) -> _Rep:
@@ -52,12 +51,10 @@ def onnx_backend(name: str) -> type[Backend]:
 
         @classmethod
         def supports_device(cls, device: str) -> bool:
-            # asked twice per test by the suite: look for GPUs once
-            if device.upper() == "CUDA" and cls.has_gpu is None:
-                from xdevice._discovery import devices
+            from xdevice._discovery import devices
 
-                cls.has_gpu = bool(devices(kind="gpu", backend=name))
-            return device.upper() == "CPU" or (device.upper() == "CUDA" and cls.has_gpu)
+            return device.upper() == "CPU" or (device.upper() == "CUDA" and
+                                               bool(devices(kind="gpu", backend=name)))
 
     XDeviceOnnxBackend.__name__ = XDeviceOnnxBackend.__qualname__ = f"{name.capitalize()}OnnxBackend"
     return XDeviceOnnxBackend

@@ -26,3 +26,19 @@ def test_machine_discovery_imports_no_framework(run_python):
     """)
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout) == []
+
+
+def test_a_source_checkout_imports_with_nothing_installed():
+    """`python -S` (no site-packages: no install, no editable finder) with the repository root
+    on sys.path still finds xdevice.backends and xdevice.converters in backends/, converters/."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    code = ("import sys; sys.path.insert(0, sys.argv[1]); import xdevice, xdevice.backends.base; "
+            "print(xdevice.backends.__file__)")
+    done = subprocess.run([sys.executable, "-S", "-c", code, str(root)], capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert Path(done.stdout.strip()) == root / "backends" / "__init__.py"

@@ -71,6 +71,6 @@ def test_a_converted_model_loads_without_xdevice_and_matches_at_any_batch(framew
         assert result.ok, f"{framework} batch {batch}: {result}"
 
 
-def test_an_unknown_format_lists_the_choices(cnn_onnx):
+def test_an_unknown_format_lists_the_choices(tmp_path):
     with pytest.raises(ConversionError, match=r"Unknown target format.*'onnx2'.*torch.*tensorflow.*jax"):
-        convert_model(cnn_onnx, to="onnx2")
+        convert_model(tmp_path / "model.onnx", to="onnx2")

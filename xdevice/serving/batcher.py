@@ -120,7 +120,7 @@ def _split(batch: list[_Pending], outputs: Arrays) -> None:
     total = sum(item.rows for item in batch)
     for name, value in outputs.items():
         if len(batch) > 1 and (value.ndim == 0 or value.shape[0] != total):
-            raise ValueError(message_rows(name, value.shape, total))
+            raise ValueError(_not_batchable(name, value.shape, total))
     start = 0
     for item in batch:
         stop = start + item.rows
@@ -130,6 +130,6 @@ def _split(batch: list[_Pending], outputs: Arrays) -> None:
         start = stop
 
 
-def message_rows(name: str, shape: tuple, rows: int) -> str:
+def _not_batchable(name: str, shape: tuple, rows: int) -> str:
     return (f"Output {name!r} has shape {list(shape)}, not {rows} rows first: this model cannot be "
             f"batched dynamically. Fix: remove `dynamic_batching` from its config.pbtxt.")

@@ -144,8 +144,8 @@ def create_app(repository: str | Path, *, max_body: int = MAX_BODY, threads: int
     async def model_metadata(request, model, version=None):
         loaded = models.get(model, version)
         return reply({"name": loaded.name, "versions": [loaded.version], "platform": "onnxruntime_onnx",
-                      "inputs": [_spec(s, loaded.config) for s in loaded.session.inputs],
-                      "outputs": [_spec(s, loaded.config) for s in loaded.session.outputs]})
+                      "inputs": [_spec(s) for s in loaded.session.inputs],
+                      "outputs": [_spec(s) for s in loaded.session.outputs]})
 
     async def model_ready(request, model, version=None):
         loaded = models.get(model, version)
@@ -231,44 +231,28 @@ def _run(loaded: _Loaded, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray
     return outputs
 
 
-def _spec(spec, config: ModelConfig) -> dict:
+def _spec(spec) -> dict:
     shape = [-1 if d is None else d for d in spec.shape]
     return {"name": spec.name, "datatype": V2_DATATYPES[spec.dtype], "shape": shape}
 
 
 def _check_inputs(loaded: _Loaded, request: InferRequest) -> dict[str, np.ndarray]:
-    """The request's inputs, checked against the model's: names, datatypes, shapes."""
-    specs = {s.name: s for s in loaded.session.inputs}
-    unknown = sorted(set(request.inputs) - set(specs))
-    missing = sorted(set(specs) - set(request.inputs))
-    if unknown or missing:
-        raise BadRequest(message(f"Wrong inputs for model {loaded.name!r}", expected=", ".join(specs),
-                                 received=", ".join(request.inputs), choices=list(specs)))
-    outputs = {s.name for s in loaded.session.outputs}
+    """The request's inputs checked by the session (names, datatypes, shapes), plus what
+    only the server knows: the outputs asked for and the batch limits. Checked per request,
+    before batching, so one bad request never fails the batch it would have joined."""
+    inputs = loaded.session.check_inputs(request.inputs)
+    outputs = [s.name for s in loaded.session.outputs]
     for name, _ in request.outputs or []:
         if name not in outputs:
-            raise BadRequest(message(f"Model {loaded.name!r} has no such output", received=name,
-                                     choices=sorted(outputs)))
-    rows = set()
-    for name, value in request.inputs.items():
-        spec, sent = specs[name], request.datatypes[name]
-        if V2_DATATYPES[spec.dtype] != sent:
-            raise BadRequest(message(f"Input {name!r} has the wrong datatype",
-                                     expected=V2_DATATYPES[spec.dtype], received=sent))
-        fits = len(spec.shape) == value.ndim and all(d is None or d == n for d, n in zip(spec.shape, value.shape))
-        if not fits:
-            shape = [-1 if d is None else d for d in spec.shape]
-            raise BadRequest(message(f"Input {name!r} has the wrong shape", expected=f"{shape} (-1: any size)",
-                                     received=list(value.shape)))
-        if value.ndim:
-            rows.add(value.shape[0])
+            raise BadRequest(message(f"Model {loaded.name!r} has no such output", received=name, choices=outputs))
+    rows = {value.shape[0] for value in inputs.values() if value.ndim}
     limit = loaded.config.max_batch_size
     if limit > 0 and rows and max(rows) > limit:
         raise BadRequest(message(f"The batch is larger than model {loaded.name!r} allows",
                                  expected=f"at most {limit} rows (max_batch_size)", received=max(rows)))
     if loaded.batcher is not None and len(rows) > 1:
         raise BadRequest(message("Inputs disagree on the batch size", received=sorted(rows)))
-    return request.inputs
+    return inputs
 
 
 async def _read_body(request, limit: int) -> bytes:

@@ -146,7 +146,7 @@ class Session:
         if to not in (None, "numpy", *_FRAMEWORKS):
             raise InferenceError(message("Unknown output framework", received=to,
                                          choices=["numpy", *_FRAMEWORKS]))
-        feeds = self._check_inputs(inputs)
+        feeds = self.check_inputs(inputs)
         on_gpu = self.device.kind == "gpu"
         try:
             if to in (None, "numpy") and not any(_is_device_array(v) for v in feeds.values()):
@@ -189,7 +189,12 @@ class Session:
                 result[name] = target.from_dlpack(value)
         return result
 
-    def _check_inputs(self, inputs: dict[str, Any]) -> dict[str, Any]:
+    def check_inputs(self, inputs: dict[str, Any]) -> dict[str, Any]:
+        """``inputs`` checked against the model's (names, dtypes, shapes) and ready for ORT.
+
+        Raises:
+            InferenceError: what is wrong, with the valid names or the expected dtype/shape.
+        """
         specs = {s.name: s for s in self.inputs}
         unknown = [k for k in inputs if k not in specs]
         missing = [k for k in specs if k not in inputs]
@@ -337,7 +342,7 @@ def _checked(spec: TensorSpec, value: Any, device: Device):
             value = _registry.backend(name).to_numpy(value)
     dtype = "string" if spec.dtype == "string" else np.dtype(_dtype_name(value)).name
     if dtype != spec.dtype:
-        raise InferenceError(message(f"Input {spec.name!r} has the wrong dtype", expected=spec.dtype,
+        raise InferenceError(message(f"Input {spec.name!r} has the wrong datatype", expected=spec.dtype,
                                      received=dtype, fix=f"cast it to {spec.dtype}"))
     shape = tuple(value.shape)
     if len(shape) != len(spec.shape) or any(w is not None and w != d for w, d in zip(spec.shape, shape)):

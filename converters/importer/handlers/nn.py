@@ -353,14 +353,19 @@ def _check_kernel(node, kernel) -> None:
                                     expected=str(list(kernel)), received=str(list(declared))))
 
 
-@handler("Conv", since=1)
-def conv(ctx, node, x, w, b=None):
-    ops = ctx.ops
+def conv_settings(ops, node, x, w) -> tuple[list[int], list[tuple[int, int]], list[int]]:
+    """Strides, ``(before, after)`` pads and dilations of a Conv-like node (Conv, ConvInteger,
+    QLinearConv) for input ``x`` and weights ``w``."""
     kernel = ops.shape(w)[2:]
     _check_kernel(node, kernel)
     strides, dilations = _geometry(node, len(kernel))
-    pads = _pads(node, ops.shape(x)[2:], kernel, strides, dilations)
-    return ops.conv(x, w, b, stride=strides, padding=pads, dilation=dilations, groups=node.attr("group", 1))
+    return strides, _pads(node, ops.shape(x)[2:], kernel, strides, dilations), dilations
+
+
+@handler("Conv", since=1)
+def conv(ctx, node, x, w, b=None):
+    strides, pads, dilations = conv_settings(ctx.ops, node, x, w)
+    return ctx.ops.conv(x, w, b, stride=strides, padding=pads, dilation=dilations, groups=node.attr("group", 1))
 
 
 def _crop_pad(ops, x, widths):

@@ -15,6 +15,7 @@ import math
 import numpy as np
 
 from xdevice._errors import ConversionError, UnsupportedOp, message
+from xdevice.converters.importer.handlers.nn import conv_settings
 from xdevice.converters.importer.interpreter import onnx_dtype
 from xdevice.converters.importer.registry import handler
 
@@ -163,35 +164,11 @@ def qlinear_matmul(ctx, node, a, a_scale, a_zero_point, b, b_scale, b_zero_point
     return _requantize(ctx, accumulated, scale, y_scale, y_zero_point, target)
 
 
-def _conv_padding(node, x_shape, w_shape) -> tuple[list[tuple[int, int]], list[int], list[int]]:
-    """ONNX's ``pads``/``auto_pad`` as ``(before, after)`` pairs, with strides and dilations."""
-    spatial = len(x_shape) - 2
-    kernel = list(node.attr("kernel_shape", w_shape[2:]))
-    strides = list(node.attr("strides", [1] * spatial))
-    dilations = list(node.attr("dilations", [1] * spatial))
-    auto_pad = node.attr("auto_pad", "NOTSET")
-    if auto_pad in ("SAME_UPPER", "SAME_LOWER"):
-        pads = []
-        for size, k, s, d in zip(x_shape[2:], kernel, strides, dilations):
-            total = max((-(-size // s) - 1) * s + (k - 1) * d + 1 - size, 0)
-            small = total // 2
-            pads.append((small, total - small) if auto_pad == "SAME_UPPER" else (total - small, small))
-    elif auto_pad == "VALID":
-        pads = [(0, 0)] * spatial
-    elif auto_pad == "NOTSET":
-        flat = list(node.attr("pads", [0] * 2 * spatial))
-        pads = list(zip(flat[:spatial], flat[spatial:]))
-    else:
-        raise UnsupportedOp(message(f"{node.op} node {node.name!r} has an unknown auto_pad", received=auto_pad,
-                                    choices=["NOTSET", "SAME_UPPER", "SAME_LOWER", "VALID"]))
-    return pads, strides, dilations
-
-
 def _integer_conv(ctx, node, x, w):
     """An exact convolution of int32 ``x`` and ``w``: float64 holds every int32 product sum
     of these sizes exactly, and not every framework convolves integers."""
     ops = ctx.ops
-    pads, strides, dilations = _conv_padding(node, ops.shape(x), ops.shape(w))
+    strides, pads, dilations = conv_settings(ops, node, x, w)
     y = ops.conv(ops.cast(x, "float64"), ops.cast(w, "float64"), stride=strides, padding=pads,
                  dilation=dilations, groups=node.attr("group", 1))
     return ops.cast(y, "int32")
