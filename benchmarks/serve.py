@@ -1,16 +1,20 @@
 """The server under load from the standard client: throughput, latency and errors, batched against plain.
 
 For each zoo model: a repository in a temporary folder with the same ONNX model twice,
-``<model>_batched`` (``max_batch_size: 64``, dynamic batching with a 2 ms queue delay) and
-``<model>_plain`` (``max_batch_size: 64``, each request runs alone). The server runs on
-loopback in this process; ``tritonclient.http.aio`` sends batch-1 requests with binary data
+``<model>_batched`` (``max_batch_size: 64``, dynamic batching with a 0.5 ms queue delay) and
+``<model>_plain`` (``max_batch_size: 64``, each request runs alone); both have two instances
+(one per core here), each running one execution at a time, as in Triton. The server is
+``xdevice serve`` in its own process on loopback, as it is deployed; ``tritonclient.http.aio``
+in this process sends batch-1 requests with binary data
 from N coroutines, each looping for ``--duration`` seconds, at concurrency 1 and 32. The raw
 baseline is ``onnxruntime.InferenceSession.run`` at batch 1 in a loop, in the same run and
-with the same ORT threads. Prints requests/s, p50 and p99 latency and errors per cell, then
+with the same ORT threads; it also runs at batch 32, and the ratio of rows/s at batch 32 to
+rows/s at batch 1 is the most batching can save in compute (the rest it saves is per-request
+dispatch). Prints requests/s, p50 and p99 latency and errors per cell, then
 the batching speed-up at the highest concurrency (batched / plain requests/s), the server
 overhead at concurrency 1 (server p50 - raw p50) and the total errors. ``--soak SECONDS``
-also runs ``cnn_batched`` at the highest concurrency that long and reports the process's
-resident memory over the second half. Run:
+also runs ``cnn_batched`` at the highest concurrency that long and reports the server
+process's resident memory over the second half. Run:
 
     .venv/bin/python benchmarks/serve.py [--models mlp cnn] [--duration 8] [--concurrency 1 32]
                                          [--threads 1] [--soak 60]
@@ -19,8 +23,13 @@ resident memory over the second half. Run:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import asyncio
+import os
+import socket
 import statistics
+import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -30,19 +39,20 @@ import numpy as np
 
 from xdevice import models
 from xdevice.converters import export
-from xdevice.serving.server import Server
 
 MAX_BATCH = 64
-DELAY_US = 2000
+DELAY_US = 500
+INSTANCES = f"instance_group [{{ count: 2 kind: KIND_CPU }}]\n"
 CONFIGS = {
-    "batched": f"max_batch_size: {MAX_BATCH}\ndynamic_batching {{ max_queue_delay_microseconds: {DELAY_US} }}\n",
-    "plain": f"max_batch_size: {MAX_BATCH}\n",
+    "batched": f"max_batch_size: {MAX_BATCH}\ndynamic_batching {{ max_queue_delay_microseconds: {DELAY_US} }}\n"
+               + INSTANCES,
+    "plain": f"max_batch_size: {MAX_BATCH}\n" + INSTANCES,
 }
 
 
-def rss_mib() -> float:
-    """This process's resident memory (the server runs in it), from /proc/self/status."""
-    for line in Path("/proc/self/status").read_text().splitlines():
+def rss_mib(pid: int) -> float:
+    """The resident memory of process ``pid`` (the server), from /proc/<pid>/status."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) / 1024
     return float("nan")
@@ -68,7 +78,7 @@ def build_repository(root: Path, names: list[str]) -> dict[str, np.ndarray]:
 
 
 def raw_baseline(path: Path, x: np.ndarray, threads: int, duration: float) -> tuple[float, float, float]:
-    """ORT's ``session.run`` at batch 1 in a loop: (p50 ms, p99 ms, runs/s)."""
+    """ORT's ``session.run`` on ``x`` in a loop: (p50 ms, p99 ms, runs/s)."""
     import onnxruntime
 
     options = onnxruntime.SessionOptions()
@@ -86,6 +96,36 @@ def raw_baseline(path: Path, x: np.ndarray, threads: int, duration: float) -> tu
     elapsed = time.perf_counter() - start
     p50, p99 = np.percentile(times, [50, 99])
     return float(p50), float(p99), len(times) / elapsed
+
+
+@contextlib.contextmanager
+def running_server(root: Path, threads: int):
+    """``xdevice serve root`` on a free loopback port; yields (host:port, pid) once it is ready."""
+    import tritonclient.http as httpclient
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    server = subprocess.Popen([sys.executable, "-m", "xdevice", "serve", str(root), "--port", str(port),
+                               "--threads", str(threads)], env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
+    url = f"127.0.0.1:{port}"
+    try:
+        client = httpclient.InferenceServerClient(url)
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                if client.is_server_ready():
+                    break
+            except Exception:  # noqa: BLE001 - not listening yet
+                pass
+            if server.poll() is not None or time.monotonic() > deadline:
+                raise SystemExit("xdevice serve did not come up")
+            time.sleep(0.2)
+        client.close()
+        yield url, server.pid
+    finally:
+        server.terminate()
+        server.wait(30)
 
 
 async def load(client, model: str, x: np.ndarray, output: str, concurrency: int, duration: float,
@@ -136,14 +176,14 @@ async def check(client, model: str, x: np.ndarray, output: str, expected: np.nda
     return float(np.max(np.abs(result.as_numpy(output) - expected)))
 
 
-async def soak(client, x: np.ndarray, output: str, concurrency: int, seconds: float) -> None:
+async def soak(client, pid: int, x: np.ndarray, output: str, concurrency: int, seconds: float) -> None:
     samples: list[tuple[float, float]] = []
     stop = threading.Event()
     start = time.perf_counter()
 
     def sample():  # a thread, so the once-a-second samples do not wait on a busy event loop
         while not stop.is_set():
-            samples.append((time.perf_counter() - start, rss_mib()))
+            samples.append((time.perf_counter() - start, rss_mib(pid)))
             stop.wait(1.0)
 
     sampler = threading.Thread(target=sample, daemon=True)
@@ -151,7 +191,7 @@ async def soak(client, x: np.ndarray, output: str, concurrency: int, seconds: fl
     cell = await load(client, "cnn_batched", x, output, concurrency, seconds, 0.0)
     stop.set()
     sampler.join()
-    samples.append((time.perf_counter() - start, rss_mib()))
+    samples.append((time.perf_counter() - start, rss_mib(pid)))
     half = [(t, r) for t, r in samples if t >= seconds / 2]
     first, last = half[0], half[-1]
     print(f"\nsoak: cnn_batched, concurrency {concurrency}, {seconds:.0f} s, {cell['rps']:.0f} req/s, "
@@ -163,7 +203,7 @@ async def soak(client, x: np.ndarray, output: str, concurrency: int, seconds: fl
         print(f"  first error: {cell['first_error']}")
 
 
-async def drive(url: str, names: list[str], inputs: dict, expected: dict, outputs: dict, args) -> dict:
+async def drive(url: str, pid: int, names: list[str], inputs: dict, expected: dict, outputs: dict, args) -> dict:
     from tritonclient.http.aio import InferenceServerClient
 
     client = InferenceServerClient(url, conn_limit=max(args.concurrency) + 4)
@@ -185,7 +225,7 @@ async def drive(url: str, names: list[str], inputs: dict, expected: dict, output
                     if cell["errors"]:
                         print(f"  first error: {cell['first_error']}", flush=True)
         if args.soak > 0:
-            await soak(client, inputs["cnn"], outputs["cnn"], max(args.concurrency), args.soak)
+            await soak(client, pid, inputs["cnn"], outputs["cnn"], max(args.concurrency), args.soak)
         return cells
     finally:
         await client.close()
@@ -207,14 +247,14 @@ def main() -> None:
         root = Path(tmp)
         names = list(dict.fromkeys(args.models + (["cnn"] if args.soak > 0 else [])))
         inputs = build_repository(root, names)
-        expected, outputs, raw = {}, {}, {}
+        expected, outputs, raw, economy = {}, {}, {}, {}
         for name in names:
             path = root / f"{name}_plain" / "1" / "model.onnx"
             session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
             outputs[name] = session.get_outputs()[0].name
             expected[name] = session.run(None, {"input": inputs[name]})[0]
-        print(f"loopback HTTP, tritonclient.http.aio, batch-1 requests with binary data; server in this process "
-              f"(client and server share the GIL) with ORT threads={args.threads}; {args.warmup:g} s warm-up + "
+        print(f"loopback HTTP, tritonclient.http.aio, batch-1 requests with binary data; server = xdevice serve "
+              f"in its own process with ORT threads={args.threads}; {args.warmup:g} s warm-up + "
               f"{args.duration:g} s per cell; batched = dynamic batching, max_batch_size {MAX_BATCH}, "
               f"max_queue_delay {DELAY_US} us; plain = each request alone")
         print(f"{'model':<13} {'conc':>5} {'req/s':>9} {'p50 ms':>8} {'p99 ms':>8} {'errors':>7}")
@@ -224,13 +264,19 @@ def main() -> None:
             p50, p99, rate = raw[name]
             print(f"{name + '_raw':<13} {'-':>5} {rate:>9.0f} {p50:>8.3f} {p99:>8.3f} {'-':>7}  "
                   f"(onnxruntime session.run, batch 1)", flush=True)
-        with Server(root, threads=args.threads) as server:
-            cells = asyncio.run(drive(server.url, args.models, inputs, expected, outputs, args))
+            x32 = np.repeat(inputs[name], 32, axis=0)
+            economy[name] = raw_baseline(root / f"{name}_plain" / "1" / "model.onnx", x32, args.threads,
+                                         args.duration / 2)[2] * 32 / rate
+        with running_server(root, args.threads) as (url, pid):
+            cells = asyncio.run(drive(url, pid, args.models, inputs, expected, outputs, args))
 
     print(f"\nbatching speed-up at concurrency {high} (batched req/s / plain req/s; target >= 2x):")
     for name in args.models:
         batched, plain = cells[name, "batched", high], cells[name, "plain", high]
         print(f"  {name:<5} {batched['rps'] / plain['rps']:.2f}x  ({batched['rps']:.0f} / {plain['rps']:.0f})")
+    print("compute saved by batching in ORT itself (rows/s at batch 32 / rows/s at batch 1):")
+    for name in args.models:
+        print(f"  {name:<5} {economy[name]:.2f}x")
     print(f"server overhead at concurrency {low} (server p50 - raw session.run p50; target < 1 ms):")
     for name in args.models:
         raw_p50 = raw[name][0]

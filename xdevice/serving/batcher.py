@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from xdevice._errors import InferenceError
 from xdevice.serving.metrics import Metrics
 
 __all__ = ["Batcher"]
@@ -66,10 +67,18 @@ class Batcher:
         return await pending.done
 
     async def close(self) -> None:
+        """Stop: batches already running finish for their callers; requests still queued fail."""
         for task in self.workers:
             task.cancel()
         await asyncio.gather(*self.workers, return_exceptions=True)
         self.workers = []
+        while self.queue:
+            item = self.queue.popleft()
+            self.metrics.pending(-1)
+            if not item.done.done():
+                item.done.set_exception(InferenceError(
+                    "The model was unloaded while this request waited in its queue. Fix: send it again "
+                    "once the model is loaded (GET /v2/models/<name>/ready)."))
 
     async def _work(self) -> None:
         loop = asyncio.get_running_loop()
@@ -86,7 +95,12 @@ class Batcher:
             try:
                 merged = {name: np.concatenate([item.inputs[name] for item in batch]) if len(batch) > 1
                           else batch[0].inputs[name] for name in batch[0].inputs}
-                outputs = await loop.run_in_executor(self.executor, self.run, merged)
+                running = loop.run_in_executor(self.executor, self.run, merged)
+                try:
+                    outputs = await asyncio.shield(running)
+                except asyncio.CancelledError:  # closing: this batch still reaches its callers
+                    _split(batch, await running)
+                    raise
                 self.metrics.executed(sum(item.rows for item in batch), time.perf_counter() - start)
                 _split(batch, outputs)
             except Exception as error:  # noqa: BLE001 - every caller of the batch hears of it

@@ -40,13 +40,14 @@ class _Loaded:
     config: ModelConfig
     metrics: Metrics
     batcher: Batcher | None
+    instances: concurrent.futures.ThreadPoolExecutor  # one thread per instance: one run at a time each
 
 
 class _Models:
     """The repository's models as loaded sessions: the newest version of each, warmed up."""
 
-    def __init__(self, repository: Repository, registry: Registry, executor, **session_options: Any):
-        self.repository, self.registry, self.executor = repository, registry, executor
+    def __init__(self, repository: Repository, registry: Registry, **session_options: Any):
+        self.repository, self.registry = repository, registry
         self.session_options = session_options
         self.loaded: dict[str, _Loaded] = {}
         self.failed: dict[str, str] = {}
@@ -61,13 +62,14 @@ class _Models:
             self.failed[name] = str(error)
             raise
         metrics = self.registry.of(name, str(version))
+        instances = concurrent.futures.ThreadPoolExecutor(config.instance_count, thread_name_prefix=f"xdevice-{name}")
         batcher = None
         if config.dynamic_batching and config.max_batch_size > 0:
             batcher = Batcher(session.run, max_batch_size=config.max_batch_size,
-                              max_queue_delay=config.max_queue_delay_us / 1e6, executor=self.executor,
+                              max_queue_delay=config.max_queue_delay_us / 1e6, executor=instances,
                               metrics=metrics, instances=config.instance_count,
                               preferred=config.preferred_batch_size)
-        model = _Loaded(name, str(version), session, config, metrics, batcher)
+        model = _Loaded(name, str(version), session, config, metrics, batcher, instances)
         with self.lock:
             self.loaded[name] = model
             self.failed.pop(name, None)
@@ -101,9 +103,8 @@ def create_app(repository: str | Path, *, max_body: int = MAX_BODY, threads: int
 
     registry = Registry()
     repo = Repository(repository)
-    workers = max(4, sum(repo.config(m).instance_count for m in repo.models()))
-    executor = concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix="xdevice-serve")
-    models = _Models(repo, registry, executor, **({"threads": threads} if threads else {}))
+    loader = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="xdevice-load")
+    models = _Models(repo, registry, **({"threads": threads} if threads else {}))
     for name in repo.models():
         with contextlib.suppress(XDeviceError):  # its reason shows in the repository index
             models.load(name)
@@ -165,7 +166,7 @@ def create_app(repository: str | Path, *, max_body: int = MAX_BODY, threads: int
             if loaded.batcher is not None:
                 outputs = await loaded.batcher.submit(inputs)
             else:
-                outputs = await asyncio.get_running_loop().run_in_executor(executor, _run, loaded, inputs)
+                outputs = await asyncio.get_running_loop().run_in_executor(loaded.instances, _run, loaded, inputs)
             content, headers = encode_response(loaded.name, loaded.version, parsed, outputs)
         except Exception:
             loaded.metrics.request(False, time.perf_counter() - start)
@@ -185,14 +186,21 @@ def create_app(repository: str | Path, *, max_body: int = MAX_BODY, threads: int
                 entries.append(entry)
         return reply(entries)
 
+    async def retire(old: _Loaded | None) -> None:
+        """Stop a replaced or unloaded model; the runs it already started still finish."""
+        if old is not None:
+            if old.batcher is not None:
+                await old.batcher.close()
+            old.instances.shutdown(wait=False)
+
     async def load(request, model):
-        await asyncio.get_running_loop().run_in_executor(executor, models.load, model)
+        old = models.loaded.get(model)
+        await asyncio.get_running_loop().run_in_executor(loader, models.load, model)
+        await retire(old)
         return reply()
 
     async def unload(request, model):
-        gone = models.unload(model)
-        if gone is not None and gone.batcher is not None:
-            await gone.batcher.close()
+        await retire(models.unload(model))
         return reply()
 
     async def metrics(request):
@@ -205,9 +213,9 @@ def create_app(repository: str | Path, *, max_body: int = MAX_BODY, threads: int
     async def lifespan(app):
         yield
         for loaded in list(models.loaded.values()):
-            if loaded.batcher is not None:
-                await loaded.batcher.close()
-        executor.shutdown(wait=True)
+            await retire(loaded)
+            loaded.instances.shutdown(wait=True)
+        loader.shutdown(wait=True)
 
     routes = [Route("/v2", handled(server_metadata)), Route("/v2/health/live", handled(live)),
               Route("/v2/health/ready", handled(ready)), Route("/metrics", handled(metrics)),

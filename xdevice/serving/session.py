@@ -334,13 +334,16 @@ def _checked(spec: TensorSpec, value: Any, device: Device):
         value = np.array(text, dtype=object).reshape(array.shape)  # ORT would str() bytes: "b'ab'"
     elif isinstance(value, (list, tuple, int, float, bool)):
         value = np.asarray(value, dtype=spec.dtype)  # a list has no dtype of its own
-    else:
+    elif not isinstance(value, np.ndarray):
         name = backend_of(value)
         # bool cannot cross DLPack into ORT (kDLBool), so it goes through the host
         if name != "numpy" and (device.kind == "cpu" or spec.dtype == "bool"
                                 or _registry.backend(name).device_of(value) != device):
             value = _registry.backend(name).to_numpy(value)
-    dtype = "string" if spec.dtype == "string" else np.dtype(_dtype_name(value)).name
+    if spec.dtype == "string":
+        dtype = "string"
+    else:
+        dtype = value.dtype.name if isinstance(value, np.ndarray) else np.dtype(_dtype_name(value)).name
     if dtype != spec.dtype:
         raise InferenceError(message(f"Input {spec.name!r} has the wrong datatype", expected=spec.dtype,
                                      received=dtype, fix=f"cast it to {spec.dtype}"))
