@@ -23,13 +23,8 @@ process's resident memory over the second half. Run:
 from __future__ import annotations
 
 import argparse
-import contextlib
 import asyncio
-import os
-import socket
 import statistics
-import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -39,6 +34,7 @@ import numpy as np
 
 from xdevice import models
 from xdevice.converters import export
+from xdevice.serving import ServerProcess
 
 MAX_BATCH = 64
 DELAY_US = 500
@@ -96,36 +92,6 @@ def raw_baseline(path: Path, x: np.ndarray, threads: int, duration: float) -> tu
     elapsed = time.perf_counter() - start
     p50, p99 = np.percentile(times, [50, 99])
     return float(p50), float(p99), len(times) / elapsed
-
-
-@contextlib.contextmanager
-def running_server(root: Path, threads: int):
-    """``xdevice serve root`` on a free loopback port; yields (host:port, pid) once it is ready."""
-    import tritonclient.http as httpclient
-
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    server = subprocess.Popen([sys.executable, "-m", "xdevice", "serve", str(root), "--port", str(port),
-                               "--threads", str(threads)], env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
-    url = f"127.0.0.1:{port}"
-    try:
-        client = httpclient.InferenceServerClient(url)
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                if client.is_server_ready():
-                    break
-            except Exception:  # noqa: BLE001 - not listening yet
-                pass
-            if server.poll() is not None or time.monotonic() > deadline:
-                raise SystemExit("xdevice serve did not come up")
-            time.sleep(0.2)
-        client.close()
-        yield url, server.pid
-    finally:
-        server.terminate()
-        server.wait(30)
 
 
 async def load(client, model: str, x: np.ndarray, output: str, concurrency: int, duration: float,
@@ -267,8 +233,8 @@ def main() -> None:
             x32 = np.repeat(inputs[name], 32, axis=0)
             economy[name] = raw_baseline(root / f"{name}_plain" / "1" / "model.onnx", x32, args.threads,
                                          args.duration / 2)[2] * 32 / rate
-        with running_server(root, args.threads) as (url, pid):
-            cells = asyncio.run(drive(url, pid, args.models, inputs, expected, outputs, args))
+        with ServerProcess(root, threads=args.threads) as server:
+            cells = asyncio.run(drive(server.url, server.process.pid, args.models, inputs, expected, outputs, args))
 
     print(f"\nbatching speed-up at concurrency {high} (batched req/s / plain req/s; target >= 2x):")
     for name in args.models:

@@ -11,18 +11,15 @@
 
 from __future__ import annotations
 
-import os
-import socket
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
 
 from xdevice import models
 from xdevice.converters import export
+from xdevice.serving import ServerProcess
 
 
 def train(steps: int = 30):
@@ -44,12 +41,6 @@ def train(steps: int = 30):
     return module.eval()
 
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
 def main() -> int:
     import torch
     import tritonclient.http as httpclient
@@ -64,24 +55,10 @@ def main() -> int:
     (repo / "cnn" / "config.pbtxt").write_text(
         "max_batch_size: 64\ndynamic_batching { max_queue_delay_microseconds: 1000 }\n")
 
-    port = free_port()
-    print(f"3. xdevice serve {repo} --port {port}")
-    server = subprocess.Popen([sys.executable, "-m", "xdevice", "serve", str(repo), "--port", str(port)],
-                              env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
-    try:
-        client = httpclient.InferenceServerClient(f"127.0.0.1:{port}")
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                if client.is_server_ready():
-                    break
-            except Exception:  # noqa: BLE001 - not listening yet
-                pass
-            if server.poll() is not None or time.monotonic() > deadline:
-                print("  the server did not come up")
-                return 1
-            time.sleep(0.2)
-        print(f"  ready: {client.get_model_metadata('cnn')['inputs']}")
+    with ServerProcess(repo) as server:  # runs `python -m xdevice serve REPO --port P`, waits until ready
+        print(f"3. {' '.join(server.command[2:])}: ready")
+        client = httpclient.InferenceServerClient(server.url)
+        print(f"  model inputs: {client.get_model_metadata('cnn')['inputs']}")
 
         print("4. query it with tritonclient (binary tensors)")
         x = models.build("cnn").example_input(8, seed=5)
@@ -94,9 +71,6 @@ def main() -> int:
         print(f"  served logits {served.shape}, predicted classes {served.argmax(1).tolist()}")
         print(f"  max abs error against the torch model: {error:.1e}")
         return 0 if error < 1e-4 else 1
-    finally:
-        server.terminate()
-        server.wait(30)
 
 
 if __name__ == "__main__":

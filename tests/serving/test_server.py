@@ -260,3 +260,11 @@ def test_stopping_lets_requests_in_flight_finish(repository):
     running.stop()
     thread.join()
     np.testing.assert_allclose(got["y"], reference(x)[0], rtol=1e-5, atol=1e-6)
+
+
+def test_a_server_process_that_cannot_start_says_so(tmp_path):
+    from xdevice.serving import ServerProcess
+
+    with pytest.raises(RuntimeError, match="did not become ready"):
+        with ServerProcess(tmp_path / "no-such-repository", timeout=60):
+            pass

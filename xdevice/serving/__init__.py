@@ -3,7 +3,7 @@
 - ``Session`` (``session.py``): an ONNX Runtime session on an xdevice ``Device`` that reports
   the execution providers really in use, per node where ONNX Runtime can say.
 - ``Repository`` (``repository.py``): Triton's model-repository layout and ``config.pbtxt``.
-- ``Server`` / ``serve`` (``server.py``): the Open Inference Protocol (KServe V2) over HTTP with
+- ``Server`` / ``ServerProcess`` / ``serve`` (``server.py``): the Open Inference Protocol (KServe V2) over HTTP with
   the binary tensor extension, dynamic batching (``batcher.py``) and Prometheus metrics.
 
 Importing this package imports neither ONNX Runtime nor the web stack until used.
@@ -13,10 +13,10 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["ModelConfig", "Repository", "Server", "Session", "TensorSpec", "serve"]
+__all__ = ["ModelConfig", "Repository", "Server", "ServerProcess", "Session", "TensorSpec", "serve"]
 
 _HOMES = {"Session": "session", "TensorSpec": "session", "Repository": "repository",
-          "ModelConfig": "repository", "Server": "server", "serve": "server"}
+          "ModelConfig": "repository", "Server": "server", "ServerProcess": "server", "serve": "server"}
 
 
 def __getattr__(name: str) -> Any:

@@ -27,7 +27,7 @@ from xdevice.serving.protocol import HEADER_LENGTH, BadRequest, InferRequest, de
 from xdevice.serving.repository import V2_DATATYPES, ModelConfig, ModelNotFound, Repository, triton_config
 from xdevice.serving.session import Session
 
-__all__ = ["Server", "create_app", "serve"]
+__all__ = ["Server", "ServerProcess", "create_app", "serve"]
 
 MAX_BODY = 64 * 2**20
 
@@ -324,6 +324,54 @@ class Server:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+class ServerProcess:
+    """``xdevice serve`` as its own process on a free loopback port, as it is deployed
+    (examples, benchmarks); entering waits until ``/v2/health/ready`` answers 200.
+
+    >>> with ServerProcess("models/") as server:     # doctest: +SKIP
+    ...     client = tritonclient.http.InferenceServerClient(server.url)
+    """
+
+    def __init__(self, repository: str | Path, *, threads: int | None = None, timeout: float = 120.0):
+        import socket
+        import sys
+
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            self.port = probe.getsockname()[1]
+        self.url = f"127.0.0.1:{self.port}"
+        self.command = [sys.executable, "-m", "xdevice", "serve", str(repository), "--port", str(self.port)]
+        if threads is not None:
+            self.command += ["--threads", str(threads)]
+        self.timeout = timeout
+        self.process = None
+
+    def __enter__(self) -> ServerProcess:
+        import os
+        import subprocess
+        import urllib.request
+
+        self.process = subprocess.Popen(self.command, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
+        deadline = time.monotonic() + self.timeout
+        while True:
+            try:
+                with urllib.request.urlopen(f"http://{self.url}/v2/health/ready", timeout=5) as answer:
+                    if answer.status == 200:
+                        return self
+            except OSError:  # not listening yet, or not ready (503)
+                pass
+            if self.process.poll() is not None or time.monotonic() > deadline:
+                self.__exit__()
+                raise RuntimeError(message("xdevice serve did not become ready", received=" ".join(self.command),
+                                           fix="run that command by hand to see its error"))
+            time.sleep(0.2)
+
+    def __exit__(self, *exc) -> None:
+        """Stop it the way a deployment does (SIGTERM): requests in flight finish first."""
+        self.process.terminate()
+        self.process.wait(30)
 
 
 def serve(repository: str | Path, host: str = "127.0.0.1", port: int = 8000, **options: Any) -> None:
