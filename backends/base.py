@@ -116,10 +116,11 @@ class Backend(abc.ABC):
     # -- autodiff.py ----------------------------------------------------------------------
 
     @abc.abstractmethod
-    def value_and_grad(self, fn: Callable[..., Any], params: dict[str, Any], *args: Any
-                       ) -> tuple[Any, dict[str, Any]]:
+    def value_and_grad(self, fn: Callable[..., Any], params: dict[str, Any], *args: Any,
+                       has_aux: bool = False) -> tuple[Any, dict[str, Any]]:
         """``fn(params, *args)`` (a scalar) and its gradient for every entry of ``params``,
-        with the framework's own autodiff."""
+        with the framework's own autodiff. With ``has_aux``, ``fn`` returns ``(scalar, aux)``
+        and the value returned is ``(scalar, aux)``; ``aux`` is not differentiated."""
 
     @abc.abstractmethod
     def jit(self, fn: Callable[..., Any]) -> Callable[..., Any]:

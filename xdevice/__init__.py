@@ -30,6 +30,7 @@ from xdevice._registry import backend
 from xdevice._tensors import backend_of, convert, device_of, to_device
 from xdevice._tolerance import Comparison, compare
 from xdevice._types import Applied, Config, ConfigReport, MemoryStats
+from xdevice.training.trainer import Trainer, fit
 
 __version__ = "0.1.0"
 
@@ -49,6 +50,7 @@ __all__ = [
     "ParityError",
     "ParityReport",
     "Placement",
+    "Trainer",
     "UnsupportedOp",
     "XDeviceError",
     "backend",
@@ -62,6 +64,7 @@ __all__ = [
     "device_of",
     "devices",
     "find",
+    "fit",
     "memory_stats",
     "on",
     "parity",

@@ -536,19 +536,34 @@ _OPS = TapedOps()
 
 
 class Autodiff:
-    def value_and_grad(self, fn: Callable[..., Any], params: dict[str, Any], *args: Any
-                       ) -> tuple[Any, dict[str, Any]]:
+    def value_and_grad(self, fn: Callable[..., Any], params: dict[str, Any], *args: Any,
+                       has_aux: bool = False) -> tuple[Any, dict[str, Any]]:
         leaves = {name: Var(np.asarray(value)) for name, value in params.items()}
         out = fn(leaves, *args)
+        out, aux = out if has_aux else (out, None)
+        aux = _untaped(aux)
         if not isinstance(out, Var):  # does not depend on params at all
-            return out, {name: np.zeros_like(leaf.value) for name, leaf in leaves.items()}
+            grads = {name: np.zeros_like(leaf.value) for name, leaf in leaves.items()}
+            return ((out, aux) if has_aux else out), grads
         if out.value.size != 1:
             raise XDeviceError(message("value_and_grad needs a scalar", received=f"shape {out.shape}"))
-        grads = _backward(out)
-        return out.value, {name: grads.get(id(leaf), np.zeros_like(leaf.value)) for name, leaf in leaves.items()}
+        tape = _backward(out)
+        grads = {name: tape.get(id(leaf), np.zeros_like(leaf.value)) for name, leaf in leaves.items()}
+        return ((out.value, aux) if has_aux else out.value), grads
 
     def jit(self, fn: Callable[..., Any]) -> Callable[..., Any]:
         return fn
+
+
+def _untaped(tree: Any) -> Any:
+    """``tree`` (dicts, lists, tuples) with every Var replaced by its value."""
+    if isinstance(tree, Var):
+        return tree.value
+    if isinstance(tree, dict):
+        return {key: _untaped(value) for key, value in tree.items()}
+    if isinstance(tree, (list, tuple)):
+        return type(tree)(_untaped(value) for value in tree)
+    return tree
 
 
 def _backward(out: Var) -> dict[int, np.ndarray]:

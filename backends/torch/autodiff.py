@@ -11,14 +11,19 @@ from xdevice._errors import XDeviceError, message
 
 
 class Autodiff:
-    def value_and_grad(self, fn: Callable[..., Any], params: dict[str, Any], *args: Any
-                       ) -> tuple[Any, dict[str, Any]]:
+    def value_and_grad(self, fn: Callable[..., Any], params: dict[str, Any], *args: Any,
+                       has_aux: bool = False) -> tuple[Any, dict[str, Any]]:
         # fresh leaves: the caller's tensors keep their own requires_grad and .grad untouched
         leaves = {name: self.ops.asarray(value).detach() for name, value in params.items()}
         for leaf in leaves.values():
             leaf.requires_grad_(leaf.is_floating_point() or leaf.is_complex())  # ints get zeros
         with torch.enable_grad():  # a caller's no_grad must not silence the gradient
             out = fn(leaves, *args)
+        out, aux = out if has_aux else (out, None)
+        value, grads = self._grad(out, leaves)
+        return ((value, _detached(aux)) if has_aux else value), grads
+
+    def _grad(self, out: Any, leaves: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
         if not isinstance(out, torch.Tensor) or not out.requires_grad:  # params not used at all
             return out, {name: torch.zeros_like(leaf) for name, leaf in leaves.items()}
         if out.numel() != 1:
@@ -30,3 +35,14 @@ class Autodiff:
 
     def jit(self, fn: Callable[..., Any]) -> Callable[..., Any]:
         return fn
+
+
+def _detached(tree: Any) -> Any:
+    """``tree`` (dicts, lists, tuples) with every tensor detached from the graph."""
+    if isinstance(tree, torch.Tensor):
+        return tree.detach()
+    if isinstance(tree, dict):
+        return {key: _detached(value) for key, value in tree.items()}
+    if isinstance(tree, (list, tuple)):
+        return type(tree)(_detached(value) for value in tree)
+    return tree

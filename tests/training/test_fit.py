@@ -1,0 +1,169 @@
+"""fit / Trainer: the same loss curve on every backend, PyTorch's optimizer math, exact resume."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import xdevice
+from xdevice import ConfigurationError, Trainer, fit, models
+
+OPTIMIZERS = {"sgd": {"lr": 0.1}, "momentum": {"lr": 0.05}, "adam": {"lr": 0.01},
+              "adamw": {"lr": 0.01, "weight_decay": 0.1}}
+SMALL_MLP = {"hidden": [16], "inputs": 6, "classes": 3}
+
+
+def data(rows: int = 80, features: int = 6, seed: int = 0):
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(rows, features)).astype("float32")
+    return x, (x[:, 0] > 0).astype("int64") + (x[:, 1] > 0.5)
+
+
+def curve(backend: str, optimizer: str, steps: int = 10, name: str = "mlp", **spec) -> list[float]:
+    model = models.build(name, backend=backend, seed=1, **(spec or SMALL_MLP))
+    x, y = data()
+    if spec:  # an image model: its own input shape, labels from the mean brightness
+        x = model.example_input(80, seed=0)
+        y = np.digitize(x.mean(axis=(1, 2, 3)), np.quantile(x.mean(axis=(1, 2, 3)), [1 / 3, 2 / 3]))
+    history = fit(model, (x, y), optimizer=optimizer, epochs=10, steps=steps, batch_size=8, verbose=0,
+                  **OPTIMIZERS[optimizer])
+    return history.steps
+
+
+@pytest.mark.parametrize("optimizer", list(OPTIMIZERS))
+def test_ten_steps_give_the_numpy_reference_loss_curve(backend, optimizer):
+    if backend.name == "numpy":
+        pytest.skip("numpy is the reference these curves are compared with")
+    reference = curve("numpy", optimizer)
+    got = curve(backend.name, optimizer)
+    assert len(got) == 10
+    np.testing.assert_allclose(got, reference, rtol=2e-5, atol=2e-6)
+    assert got[-1] < got[0]
+
+
+def test_a_model_with_batch_norm_trains_the_same_everywhere(backend):
+    if backend.name == "numpy":
+        pytest.skip("numpy is the reference these curves are compared with")
+    spec = {"channels": [4, 8], "classes": 3}
+    reference = curve("numpy", "adam", steps=4, name="cnn", **spec)
+    np.testing.assert_allclose(curve(backend.name, "adam", steps=4, name="cnn", **spec), reference,
+                               rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("optimizer", list(OPTIMIZERS))
+def test_the_optimizers_do_what_torch_optim_does(optimizer):
+    torch = pytest.importorskip("torch")
+    x, y = data()
+    model = models.build("mlp", backend="torch", seed=1, **SMALL_MLP)
+    module = models.to_native(model, "torch")
+    settings = dict(OPTIMIZERS[optimizer])
+    native = {"sgd": lambda p: torch.optim.SGD(p, **settings),
+              "momentum": lambda p: torch.optim.SGD(p, momentum=0.9, **settings),
+              "adam": lambda p: torch.optim.Adam(p, **settings),
+              "adamw": lambda p: torch.optim.AdamW(p, **settings)}[optimizer](module.parameters())
+    expected = []
+    for start in range(0, 80, 8):  # shuffle=False: the batches in order
+        loss = torch.nn.functional.cross_entropy(module(torch.as_tensor(x[start:start + 8])),
+                                                 torch.as_tensor(y[start:start + 8]))
+        native.zero_grad()
+        loss.backward()
+        native.step()
+        expected.append(loss.item())
+    history = fit(model, (x, y), optimizer=optimizer, batch_size=8, shuffle=False, verbose=0, **settings)
+    np.testing.assert_allclose(history.steps, expected, rtol=1e-5, atol=1e-6)
+    trained = {k: v.detach().numpy() for k, v in module.state_dict().items()}
+    for key, value in model.numpy_params().items():
+        np.testing.assert_allclose(value, trained[key], rtol=1e-5, atol=1e-6)
+
+
+def test_resuming_a_checkpoint_gives_exactly_the_next_steps(backend, tmp_path):
+    x, y = data()
+    straight = Trainer(models.build("mlp", backend=backend.name, seed=1, **SMALL_MLP), optimizer="adam", lr=0.01)
+    straight.fit((x, y), epochs=2, batch_size=8, seed=3, verbose=0)
+
+    first = Trainer(models.build("mlp", backend=backend.name, seed=1, **SMALL_MLP), optimizer="adam", lr=0.01)
+    first.fit((x, y), epochs=2, batch_size=8, seed=3, steps=13, verbose=0, checkpoint_dir=str(tmp_path))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model.safetensors", "optimizer.safetensors",
+                                                          "trainer.json"]
+    fresh = Trainer(models.build("mlp", backend=backend.name, seed=7, **SMALL_MLP), optimizer="adam", lr=0.01)
+    fresh.load(str(tmp_path))
+    assert (fresh.epoch, fresh.batch, fresh.step_count) == (1, 3, 13)
+    history = fresh.fit((x, y), epochs=2, batch_size=8, seed=3, verbose=0)
+    assert len(history.steps) == 20
+    np.testing.assert_array_equal(history.steps, straight.history.steps)
+    for key, value in straight.model.numpy_params().items():
+        np.testing.assert_array_equal(fresh.model.numpy_params()[key], value)
+
+
+def test_a_checkpoint_for_another_optimizer_is_refused(tmp_path):
+    x, y = data()
+    trainer = Trainer(models.build("mlp", seed=1, **SMALL_MLP), optimizer="adam")
+    trainer.fit((x, y), steps=2, verbose=0, checkpoint_dir=str(tmp_path))
+    other = Trainer(models.build("mlp", seed=1, **SMALL_MLP), optimizer="momentum")
+    with pytest.raises(ConfigurationError, match="does not match|another optimizer"):
+        other.load(str(tmp_path))
+
+
+def test_history_reports_metrics_validation_and_input_wait():
+    x, y = data()
+    history = fit(models.build("mlp", seed=1, **SMALL_MLP), (x, y), epochs=3, lr=0.05, validation=(x, y),
+                  verbose=0)
+    assert [e["epoch"] for e in history.epochs] == [1, 2, 3]
+    assert set(history.epochs[0]) >= {"loss", "accuracy", "val_loss", "val_accuracy", "input_wait", "seconds"}
+    assert all(0.0 <= e["input_wait"] <= 1.0 for e in history.epochs)
+    assert history["loss"][-1] < history["loss"][0]
+    assert history["val_accuracy"][-1] > 0.5
+
+
+def test_progress_prints_one_line_per_epoch(capsys):
+    x, y = data()
+    fit(models.build("mlp", seed=1, **SMALL_MLP), (x, y), epochs=2, verbose=1)
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split()[:2] for line in lines] == [["epoch", "1/2"], ["epoch", "2/2"]]
+    assert "loss" in lines[0] and "accuracy" in lines[0]
+
+
+def test_mse_regression_trains():
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(64, 6)).astype("float32")
+    target = (x @ rng.normal(size=(6, 3))).astype("float32")
+    history = fit(models.build("mlp", seed=1, **SMALL_MLP), (x, target), loss="mse", optimizer="adam", lr=0.01,
+                  epochs=20, verbose=0)
+    assert "accuracy" not in history.epochs[0]
+    assert history.last("loss") < 0.5 * history.epochs[0]["loss"]
+
+
+def test_bad_settings_name_the_valid_choices():
+    model = models.build("mlp", seed=1, **SMALL_MLP)
+    with pytest.raises(ConfigurationError, match="adamw"):
+        Trainer(model, optimizer="adagrad")
+    with pytest.raises(ConfigurationError, match="cross_entropy"):
+        Trainer(model, loss="hinge")
+    with pytest.raises(ConfigurationError, match="lr"):
+        Trainer(model, optimizer="sgd", learning_rate=0.1)
+
+
+def test_one_shot_data_for_several_epochs_is_an_error():
+    x, y = data()
+    batches = ((x[i:i + 8], y[i:i + 8]) for i in range(0, 80, 8))
+    with pytest.raises(ConfigurationError, match="only once"):
+        fit(models.build("mlp", seed=1, **SMALL_MLP), batches, epochs=2, verbose=0)
+
+
+def test_fit_does_not_import_a_framework_it_was_not_asked_for(run_python):
+    result = run_python(
+        "import sys, numpy as np, xdevice\n"
+        "from xdevice import models\n"
+        "m = models.build('mlp', hidden=[4], inputs=3, classes=2)\n"
+        "xdevice.fit(m, (np.ones((8, 3), 'float32'), np.zeros(8, 'int64')), verbose=0)\n"
+        "print(sorted(n for n in ('torch', 'jax', 'tensorflow') if n in sys.modules))\n")
+    assert result.stdout.strip().splitlines()[-1] == "[]"
+
+
+def test_history_plots_the_loss_curves_as_png(tmp_path):
+    pytest.importorskip("matplotlib")
+    x, y = data()
+    history = fit(models.build("mlp", seed=1, **SMALL_MLP), (x, y), epochs=2, validation=(x, y), verbose=0)
+    path = history.plot(str(tmp_path / "loss.png"))
+    assert (tmp_path / "loss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert path.endswith("loss.png")

@@ -1,0 +1,242 @@
+"""``Trainer`` and ``fit``: one training loop for every backend and every kind of model.
+
+The step is written once: forward (the program's), loss and metrics (over the op set),
+gradients (the backend's own autodiff: autograd, ``jax.value_and_grad``, ``GradientTape``),
+and the optimizer's pure update (over the op set). It is compiled the backend's way
+(``jax.jit``, ``tf.function``; PyTorch runs eagerly). Batches come from a prefetching
+loader; ``History`` reports the fraction of each epoch spent waiting for input.
+
+``epochs`` counts from the start of training, as Keras's ``epochs`` with ``initial_epoch``:
+a trainer resumed from a checkpoint taken in epoch 2 and asked for ``epochs=3`` finishes
+epoch 2 from the batch where it stopped, then trains epoch 3.
+
+>>> from xdevice import models, fit
+>>> import numpy as np
+>>> model = models.build("mlp", hidden=[16], inputs=4, classes=3, seed=0)
+>>> x, y = np.random.default_rng(0).normal(size=(64, 4)).astype("float32"), np.arange(64) % 3
+>>> history = fit(model, (x, y), loss="cross_entropy", optimizer="adam", epochs=2, verbose=0)
+>>> len(history.epochs), history.last("loss") < history.epochs[0]["loss"]
+(2, True)
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from xdevice._errors import ConfigurationError, message
+from xdevice.training import checkpoint
+from xdevice.training.data import Prefetcher, as_batches
+from xdevice.training.history import History, Progress
+from xdevice.training.losses import loss_function, metric_function
+from xdevice.training.optimizers import Optimizer, optimizer as make_optimizer
+from xdevice.training.programs import program
+
+__all__ = ["Trainer", "fit"]
+
+
+class Trainer:
+    """Train ``model`` (zoo model, ``torch.nn.Module``, Keras/``tf.Module``, JAX ``(apply, params)``).
+
+    Args:
+        loss: ``"cross_entropy"`` (integer labels), ``"mse"``, or ``f(ops, outputs, targets)``.
+        optimizer: ``"sgd"``, ``"momentum"``, ``"adam"``, ``"adamw"`` or an optimizer object.
+        device: where to train (default: where the model is).
+        precision: ``"float32"``, or ``"bfloat16"`` compute with float32 master weights.
+        metrics: names or ``f(ops, outputs, targets)``; reported per epoch.
+        jit: compile the step (JAX, TensorFlow).
+    """
+
+    def __init__(self, model: Any, loss: str | Callable = "cross_entropy", optimizer: str | Optimizer = "adam",
+                 *, device: Any = None, precision: str = "float32",
+                 metrics: Sequence[str | Callable] = ("accuracy",), jit: bool = True, **optimizer_options: Any):
+        self.program = program(model, device)
+        self.program.set_precision(precision)
+        self.backend, self.ops = self.program.backend, self.program.ops
+        self.loss_name = loss if isinstance(loss, str) else getattr(loss, "__name__", "loss")
+        self.loss = loss_function(loss)
+        if loss != "cross_entropy":
+            metrics = [m for m in metrics if m != "accuracy"]  # accuracy needs class labels
+        self.metrics = {m if isinstance(m, str) else getattr(m, "__name__", f"metric{i}"): metric_function(m)
+                        for i, m in enumerate(metrics)}
+        self.optimizer = make_optimizer(optimizer, **optimizer_options)
+        self.state = self._placed(self.optimizer.init(self.ops, self.program.params))
+        self.precision = precision
+        self.step_count = self.epoch = self.batch = 0
+        self.seed = 0
+        self.history = History()
+        compile_ = self.backend.jit if jit else (lambda f: f)
+        self._train = compile_(self._train_step)
+        self._evaluate = compile_(self._eval_step)
+
+    # -- the step, written once ---------------------------------------------------------
+
+    def _train_step(self, params, buffers, state, x, y):
+        ops, program = self.ops, self.program
+
+        def objective(p):
+            out, new_buffers = program.forward(p, buffers, x, True)
+            return self.loss(ops, out, y), (new_buffers, out)
+
+        (loss, (buffers, out)), grads = self.backend.value_and_grad(objective, params, has_aux=True)
+        params, state = self.optimizer.update(ops, params, grads, state)
+        return params, buffers, state, loss, {k: f(ops, out, y) for k, f in self.metrics.items()}
+
+    def _eval_step(self, params, buffers, x, y):
+        out, _ = self.program.forward(params, buffers, x, False)
+        return self.loss(self.ops, out, y), {k: f(self.ops, out, y) for k, f in self.metrics.items()}
+
+    def step(self, x: Any, y: Any) -> float:
+        """One optimisation step on a batch; returns its loss."""
+        loss, _ = self._step(*self._place((x, y)))
+        return loss
+
+    def _step(self, x, y) -> tuple[float, dict[str, float]]:
+        p = self.program
+        p.params, p.buffers, self.state, loss, metrics = self._train(p.params, p.buffers, self.state, x, y)
+        p.write_back()
+        self.step_count += 1
+        return self._float(loss), {k: self._float(v) for k, v in metrics.items()}
+
+    # -- loops ----------------------------------------------------------------------------
+
+    def fit(self, data: Any, epochs: int = 1, *, batch_size: int = 32, shuffle: bool = True, seed: int = 0,
+            validation: Any = None, prefetch: int = 2, steps: int | None = None, verbose: int = 1,
+            checkpoint_dir: str | None = None) -> History:
+        """Train until ``epochs`` epochs are complete (counted from the start; see the module).
+
+        Args:
+            data: ``(x, y)`` numpy arrays, or an iterable of ``(x, y)`` batches.
+            batch_size, shuffle, seed: how arrays are cut; the order depends on (seed, epoch) only.
+            validation: ``(x, y)`` or batches, evaluated after each epoch (``val_*``).
+            prefetch: batches placed on the device ahead of time by a background thread; 0: none.
+            steps: stop after this many steps (mid-epoch; a checkpoint resumes there).
+            checkpoint_dir: write a checkpoint there after each epoch and when stopping.
+
+        Returns:
+            ``History`` (``history.model`` is the trained object).
+        """
+        source = as_batches(data, batch_size, shuffle, seed)
+        self.seed = seed
+        progress = Progress(epochs, verbose)
+        taken = 0
+        while self.epoch < epochs and (steps is None or taken < steps):
+            began, sums, rows = time.perf_counter(), {}, 0
+            loader = Prefetcher(source.epoch(self.epoch, self.batch), self._place, prefetch)
+            finished = True
+            try:
+                for x, y in loader:
+                    loss, metrics = self._step(x, y)
+                    n = self.ops.shape(x)[0]
+                    for key, value in {"loss": loss, **metrics}.items():
+                        sums[key] = sums.get(key, 0.0) + value * n
+                    rows += n
+                    self.batch += 1
+                    taken += 1
+                    self.history.steps.append(loss)
+                    progress.step(self.epoch + 1, self.batch, len(source), loss)
+                    if steps is not None and taken >= steps:
+                        finished = len(source) > 0 and self.batch >= len(source)
+                        break
+            finally:
+                loader.close()
+            if not finished:
+                break
+            seconds = time.perf_counter() - began
+            record: dict[str, Any] = {"epoch": self.epoch + 1, **{k: v / max(rows, 1) for k, v in sums.items()}}
+            if validation is not None:
+                record.update({f"val_{k}": v for k, v in self.evaluate(validation, batch_size=batch_size).items()})
+            record["input_wait"] = loader.waited / seconds if seconds else 0.0
+            record["seconds"] = seconds
+            self.epoch, self.batch = self.epoch + 1, 0
+            self.history.epochs.append(record)
+            progress.epoch(record)
+            if checkpoint_dir:
+                self.save(checkpoint_dir)
+        if checkpoint_dir:
+            self.save(checkpoint_dir)
+        self.history.model = self.program.result()
+        return self.history
+
+    def evaluate(self, data: Any, batch_size: int = 256) -> dict[str, float]:
+        """Mean loss and metrics over ``data`` in inference mode (batch norm uses running stats)."""
+        source = as_batches(data, batch_size, shuffle=False)
+        sums, rows = {}, 0
+        for x, y in source.epoch(0):
+            x, y = self._place((x, y))
+            loss, metrics = self._evaluate(self.program.params, self.program.buffers, x, y)
+            n = self.ops.shape(x)[0]
+            for key, value in {"loss": loss, **metrics}.items():
+                sums[key] = sums.get(key, 0.0) + self._float(value) * n
+            rows += n
+        return {k: v / max(rows, 1) for k, v in sums.items()}
+
+    @property
+    def model(self) -> Any:
+        """The trained object: the user's own (trained in place), or a new JAX pair."""
+        return self.program.result()
+
+    # -- checkpoints ----------------------------------------------------------------------
+
+    def save(self, folder: str) -> None:
+        """Write a checkpoint (safetensors + JSON) that :meth:`load` resumes exactly."""
+        p, to_numpy = self.program, self.ops.to_numpy
+        arrays = {**{f"param/{k}": to_numpy(v) for k, v in p.params.items()},
+                  **{f"buffer/{k}": to_numpy(v) for k, v in p.buffers.items()}}
+        record = {"step": self.step_count, "epoch": self.epoch, "batch": self.batch, "seed": self.seed,
+                  "optimizer": self.optimizer.config(), "loss": self.loss_name, "precision": self.precision,
+                  "backend": self.backend.name,
+                  "history": {"epochs": self.history.epochs, "steps": self.history.steps}}
+        checkpoint.write(folder, arrays, {k: to_numpy(v) for k, v in self.state.items()}, record)
+
+    def load(self, folder: str) -> Trainer:
+        """Resume from a checkpoint :meth:`save` wrote: weights, optimizer state, position.
+
+        Raises:
+            ConfigurationError: the checkpoint belongs to another model or optimizer.
+        """
+        arrays, state, record = checkpoint.read(folder)
+        p = self.program
+        expected = {f"param/{k}" for k in p.params} | {f"buffer/{k}" for k in p.buffers}
+        if set(arrays) != expected or set(state) != set(self.state):
+            wrong = sorted(set(arrays) ^ expected) or sorted(set(state) ^ set(self.state))
+            raise ConfigurationError(message("The checkpoint does not match this model and optimizer",
+                                             received=wrong[:5], fix="build the same model and optimizer first"))
+        if record["optimizer"] != self.optimizer.config():
+            raise ConfigurationError(message("The checkpoint used another optimizer",
+                                             expected=self.optimizer.config(), received=record["optimizer"]))
+        p.params = self._placed({k: arrays[f"param/{k}"] for k in p.params})
+        p.buffers = self._placed({k: arrays[f"buffer/{k}"] for k in p.buffers})
+        p.write_back()
+        self.state = self._placed(state)
+        self.step_count, self.epoch, self.batch, self.seed = (record[k] for k in ("step", "epoch", "batch", "seed"))
+        self.history.epochs, self.history.steps = record["history"]["epochs"], record["history"]["steps"]
+        return self
+
+    # -- helpers --------------------------------------------------------------------------
+
+    def _place(self, batch: tuple[Any, Any]) -> tuple[Any, Any]:
+        return tuple(self.backend.to_device(self.ops.asarray(v), self.program.device) for v in batch)
+
+    def _placed(self, arrays: dict[str, Any]) -> dict[str, Any]:
+        return {k: self.backend.to_device(self.ops.asarray(v), self.program.device) for k, v in arrays.items()}
+
+    def _float(self, value: Any) -> float:
+        return float(self.ops.to_numpy(value))
+
+
+def fit(model: Any, data: Any, *, loss: str | Callable = "cross_entropy", optimizer: str | Optimizer = "adam",
+        epochs: int = 1, device: Any = None, precision: str = "float32",
+        metrics: Sequence[str | Callable] = ("accuracy",), **options: Any) -> History:
+    """Train ``model`` on ``data`` for ``epochs``; see :class:`Trainer` and :meth:`Trainer.fit`.
+
+    Optimizer settings (``lr``, ``momentum``, ``weight_decay``...) and fit settings
+    (``batch_size``, ``seed``, ``validation``, ``prefetch``, ``verbose``...) go in ``options``.
+    """
+    fit_keys = {"batch_size", "shuffle", "seed", "validation", "prefetch", "steps", "verbose", "checkpoint_dir"}
+    fit_options = {k: v for k, v in options.items() if k in fit_keys}
+    optimizer_options = {k: v for k, v in options.items() if k not in fit_keys}
+    trainer = Trainer(model, loss, optimizer, device=device, precision=precision, metrics=metrics,
+                      **optimizer_options)
+    return trainer.fit(data, epochs, **fit_options)
