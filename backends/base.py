@@ -35,6 +35,8 @@ class Backend(abc.ABC):
         supports_memory_limit: a per-device memory limit can be set.
         supports_preallocation: memory can be pre-allocated as a pool (memory_growth=False).
         supports_virtual_devices: one process can split a CPU into several devices.
+        supports_replication: one process can train data-parallel over several devices
+            (``replicas``).
         has_default_device: the framework has a default device that ``xdevice.on`` sets.
     """
 
@@ -45,6 +47,7 @@ class Backend(abc.ABC):
     supports_memory_limit: ClassVar[bool] = False
     supports_preallocation: ClassVar[bool] = False
     supports_virtual_devices: ClassVar[bool] = False
+    supports_replication: ClassVar[bool] = False
     has_default_device: ClassVar[bool] = True
 
     # -- devices.py ---------------------------------------------------------------------
@@ -154,6 +157,19 @@ class Backend(abc.ABC):
     def native_outputs(self, target: Any, inputs: tuple[Any, ...]) -> list[Any]:
         """``target``'s outputs on the numpy ``inputs`` in inference mode, flattened as
         ``export_onnx`` flattens them, as numpy arrays: what its export must reproduce."""
+
+    # -- replication.py (optional: supports_replication) ----------------------------------
+
+    def replicas(self, devices: list[Device]) -> Any:
+        """Data parallelism over ``devices`` with the framework's own engine, as an object with:
+
+        - ``place_params(arrays)``: the arrays copied to every device;
+        - ``place_batch(x, y)``: the global batch split along axis 0 across the devices;
+        - ``weight(x)``, inside the step: this replica's rows / the global rows;
+        - ``sum(tree)``, inside the step: the sum over replicas (gradients, loss);
+        - ``compile(step)``: ``step`` run on every device, the first replica's results back.
+        """
+        self.require("supports_replication", "data-parallel replication in one process")
 
     # -- shared behaviour ---------------------------------------------------------------
 

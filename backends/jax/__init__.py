@@ -8,14 +8,16 @@ from xdevice.backends.jax.memory import Memory
 from xdevice.backends.jax.native import Native
 from xdevice.backends.jax.ops import JaxOps
 from xdevice.backends.jax.placement import Placement
+from xdevice.backends.jax.replication import Replication
 
 __all__ = ["JaxBackend"]
 
 
-class JaxBackend(Devices, Memory, Placement, Autodiff, Native, Export, Backend):
+class JaxBackend(Devices, Memory, Placement, Autodiff, Native, Export, Replication, Backend):
     name = "jax"
     title = "JAX"
     supports_memory_limit = True
     supports_preallocation = True
     supports_virtual_devices = True
+    supports_replication = True
     ops = JaxOps()

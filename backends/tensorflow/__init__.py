@@ -8,14 +8,16 @@ from xdevice.backends.tensorflow.memory import Memory
 from xdevice.backends.tensorflow.native import Native
 from xdevice.backends.tensorflow.ops import TensorflowOps
 from xdevice.backends.tensorflow.placement import Placement
+from xdevice.backends.tensorflow.replication import Replication
 
 __all__ = ["TensorflowBackend"]
 
 
-class TensorflowBackend(Devices, Memory, Placement, Autodiff, Native, Export, Backend):
+class TensorflowBackend(Devices, Memory, Placement, Autodiff, Native, Export, Replication, Backend):
     name = "tensorflow"
     title = "TensorFlow"
     supports_memory_limit = True
     supports_preallocation = True
     supports_virtual_devices = True
+    supports_replication = True
     ops = TensorflowOps()

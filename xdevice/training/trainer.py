@@ -25,6 +25,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from xdevice._discovery import find
 from xdevice._errors import ConfigurationError, message
 from xdevice.training import checkpoint
 from xdevice.training.data import Prefetcher, as_batches
@@ -43,15 +44,20 @@ class Trainer:
         loss: ``"cross_entropy"`` (integer labels), ``"mse"``, or ``f(ops, outputs, targets)``.
         optimizer: ``"sgd"``, ``"momentum"``, ``"adam"``, ``"adamw"`` or an optimizer object.
         device: where to train (default: where the model is).
+        devices: train data-parallel over these devices with the framework's own engine
+            (JAX ``Mesh`` + ``NamedSharding``, TensorFlow ``MirroredStrategy``): the global
+            batch is split across them and the gradients are averaged.
         precision: ``"float32"``, or ``"bfloat16"`` compute with float32 master weights.
         metrics: names or ``f(ops, outputs, targets)``; reported per epoch.
         jit: compile the step (JAX, TensorFlow).
     """
 
     def __init__(self, model: Any, loss: str | Callable = "cross_entropy", optimizer: str | Optimizer = "adam",
-                 *, device: Any = None, precision: str = "float32",
+                 *, device: Any = None, devices: Sequence[Any] | None = None, precision: str = "float32",
                  metrics: Sequence[str | Callable] = ("accuracy",), jit: bool = True, **optimizer_options: Any):
-        self.program = program(model, device)
+        if devices is not None and device is not None:
+            raise ConfigurationError(message("Pass device= or devices=, not both", received=(device, devices)))
+        self.program = program(model, devices[0] if devices else device)
         self.program.set_precision(precision)
         self.backend, self.ops = self.program.backend, self.program.ops
         self.loss_name = loss if isinstance(loss, str) else getattr(loss, "__name__", "loss")
@@ -61,27 +67,36 @@ class Trainer:
         self.metrics = {m if isinstance(m, str) else getattr(m, "__name__", f"metric{i}"): metric_function(m)
                         for i, m in enumerate(metrics)}
         self.optimizer = make_optimizer(optimizer, **optimizer_options)
+        self.replicas = _OneDevice(self.backend.jit if jit else (lambda f: f))
+        if devices is not None and len(devices) > 1:
+            self.backend.require("supports_replication", "data-parallel replication in one process")
+            found = [find(d, backend=self.backend.name) for d in devices]
+            self.replicas = self.backend.replicas(found)
+            self.program.params = self.replicas.place_params(self.program.params)
+            self.program.buffers = self.replicas.place_params(self.program.buffers)
         self.state = self._placed(self.optimizer.init(self.ops, self.program.params))
         self.precision = precision
         self.step_count = self.epoch = self.batch = 0
         self.seed = 0
         self.history = History()
-        compile_ = self.backend.jit if jit else (lambda f: f)
-        self._train = compile_(self._train_step)
-        self._evaluate = compile_(self._eval_step)
+        self._train = self.replicas.compile(self._train_step)
+        self._evaluate = (self.backend.jit if jit else (lambda f: f))(self._eval_step)
 
     # -- the step, written once ---------------------------------------------------------
 
     def _train_step(self, params, buffers, state, x, y):
-        ops, program = self.ops, self.program
+        ops, program, replicas = self.ops, self.program, self.replicas
+        weight = replicas.weight(x)  # this replica's share of the global batch (1 on one device)
 
         def objective(p):
             out, new_buffers = program.forward(p, buffers, x, True)
-            return self.loss(ops, out, y), (new_buffers, out)
+            return ops.multiply(self.loss(ops, out, y), weight), (new_buffers, out)
 
         (loss, (buffers, out)), grads = self.backend.value_and_grad(objective, params, has_aux=True)
+        grads, loss = replicas.sum(grads), replicas.sum(loss)  # the global batch's mean gradient and loss
         params, state = self.optimizer.update(ops, params, grads, state)
-        return params, buffers, state, loss, {k: f(ops, out, y) for k, f in self.metrics.items()}
+        metrics = {k: replicas.sum(ops.multiply(f(ops, out, y), weight)) for k, f in self.metrics.items()}
+        return params, buffers, state, loss, metrics
 
     def _eval_step(self, params, buffers, x, y):
         out, _ = self.program.forward(params, buffers, x, False)
@@ -128,7 +143,7 @@ class Trainer:
             try:
                 for x, y in loader:
                     loss, metrics = self._step(x, y)
-                    n = self.ops.shape(x)[0]
+                    n = self._rows(x)
                     for key, value in {"loss": loss, **metrics}.items():
                         sums[key] = sums.get(key, 0.0) + value * n
                     rows += n
@@ -217,17 +232,44 @@ class Trainer:
     # -- helpers --------------------------------------------------------------------------
 
     def _place(self, batch: tuple[Any, Any]) -> tuple[Any, Any]:
-        return tuple(self.backend.to_device(self.ops.asarray(v), self.program.device) for v in batch)
+        x, y = (self.backend.to_device(self.ops.asarray(v), self.program.device) for v in batch)
+        return self.replicas.place_batch(x, y)
 
     def _placed(self, arrays: dict[str, Any]) -> dict[str, Any]:
-        return {k: self.backend.to_device(self.ops.asarray(v), self.program.device) for k, v in arrays.items()}
+        placed = {k: self.backend.to_device(self.ops.asarray(v), self.program.device) for k, v in arrays.items()}
+        return self.replicas.place_params(placed)
+
+    def _rows(self, x: Any) -> int:
+        shape = getattr(x, "shape", None)  # a TF distributed batch has no shape: count its parts
+        if shape is None:
+            return sum(int(part.shape[0]) for part in x.values)
+        return int(shape[0])
 
     def _float(self, value: Any) -> float:
         return float(self.ops.to_numpy(value))
 
 
+class _OneDevice:
+    """The replication hooks for one device: nothing to split, sum or weigh."""
+
+    def __init__(self, compile_: Callable):
+        self.compile = compile_
+
+    def place_params(self, arrays: dict[str, Any]) -> dict[str, Any]:
+        return arrays
+
+    def place_batch(self, x: Any, y: Any) -> tuple[Any, Any]:
+        return x, y
+
+    def weight(self, x: Any) -> float:
+        return 1.0
+
+    def sum(self, tree: Any) -> Any:
+        return tree
+
+
 def fit(model: Any, data: Any, *, loss: str | Callable = "cross_entropy", optimizer: str | Optimizer = "adam",
-        epochs: int = 1, device: Any = None, precision: str = "float32",
+        epochs: int = 1, device: Any = None, devices: Sequence[Any] | None = None, precision: str = "float32",
         metrics: Sequence[str | Callable] = ("accuracy",), **options: Any) -> History:
     """Train ``model`` on ``data`` for ``epochs``; see :class:`Trainer` and :meth:`Trainer.fit`.
 
@@ -237,6 +279,6 @@ def fit(model: Any, data: Any, *, loss: str | Callable = "cross_entropy", optimi
     fit_keys = {"batch_size", "shuffle", "seed", "validation", "prefetch", "steps", "verbose", "checkpoint_dir"}
     fit_options = {k: v for k, v in options.items() if k in fit_keys}
     optimizer_options = {k: v for k, v in options.items() if k not in fit_keys}
-    trainer = Trainer(model, loss, optimizer, device=device, precision=precision, metrics=metrics,
+    trainer = Trainer(model, loss, optimizer, device=device, devices=devices, precision=precision, metrics=metrics,
                       **optimizer_options)
     return trainer.fit(data, epochs, **fit_options)

@@ -1,0 +1,60 @@
+"""Data parallelism in one process: N devices train exactly as one device with the same global batch."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from xdevice import ConfigurationError, Trainer, models
+
+SPEC = {"hidden": [16], "inputs": 6, "classes": 2, "seed": 0}
+
+
+def data(rows: int = 96):
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(rows, 6)).astype("float32")
+    return x, (x[:, 0] > 0).astype("int64")
+
+
+def train(backend: str, devices, batch_size: int = 16):
+    model = models.build("mlp", backend=backend, **SPEC)
+    trainer = Trainer(model, optimizer="adam", lr=0.01, devices=devices)
+    history = trainer.fit(data(), epochs=2, batch_size=batch_size, verbose=0)
+    return history.steps, model.numpy_params()
+
+
+def replicating(backend):
+    if not backend.supports_replication:
+        pytest.skip(f"{backend.name} does not replicate within one process")
+    return backend.name
+
+
+@pytest.mark.multi_device
+@pytest.mark.parametrize("count", [2, 4])
+def test_n_devices_match_one_device_step_for_step(backend, count):
+    name = replicating(backend)
+    one_losses, one_params = train(name, None)
+    many_losses, many_params = train(name, [f"cpu:{i}" for i in range(count)])
+    assert len(many_losses) == 12
+    np.testing.assert_allclose(many_losses, one_losses, rtol=1e-5, atol=1e-6)
+    for key, value in one_params.items():
+        np.testing.assert_allclose(many_params[key], value, rtol=1e-5, atol=1e-6, err_msg=key)
+
+
+@pytest.mark.multi_device
+def test_a_batch_that_does_not_split_evenly(backend):
+    name = replicating(backend)
+    devices = ["cpu:0", "cpu:1", "cpu:2"]
+    if name == "jax":  # one sharded array: JAX needs equal shards and says how to get them
+        with pytest.raises(ConfigurationError, match="multiple of 3"):
+            train(name, devices, batch_size=16)
+        return
+    one_losses, _ = train(name, None)  # TF gives replicas 6, 5 and 5 rows, weighted by their share
+    np.testing.assert_allclose(train(name, devices, batch_size=16)[0], one_losses, rtol=1e-5, atol=1e-6)
+
+
+def test_a_backend_that_cannot_replicate_in_one_process_says_which_can(backend):
+    if backend.supports_replication:
+        pytest.skip(f"{backend.name} replicates")
+    with pytest.raises(ConfigurationError, match="data-parallel replication"):
+        Trainer(models.build("mlp", backend=backend.name, **SPEC), devices=["cpu:0", "cpu:1"])
