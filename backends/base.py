@@ -37,6 +37,8 @@ class Backend(abc.ABC):
         supports_virtual_devices: one process can split a CPU into several devices.
         supports_replication: one process can train data-parallel over several devices
             (``replicas``).
+        supports_processes: trains data-parallel across processes that ``xdevice launch``
+            started (``process_replicas``).
         has_default_device: the framework has a default device that ``xdevice.on`` sets.
     """
 
@@ -48,6 +50,7 @@ class Backend(abc.ABC):
     supports_preallocation: ClassVar[bool] = False
     supports_virtual_devices: ClassVar[bool] = False
     supports_replication: ClassVar[bool] = False
+    supports_processes: ClassVar[bool] = False
     has_default_device: ClassVar[bool] = True
 
     # -- devices.py ---------------------------------------------------------------------
@@ -170,6 +173,11 @@ class Backend(abc.ABC):
         - ``compile(step)``: ``step`` run on every device, the first replica's results back.
         """
         self.require("supports_replication", "data-parallel replication in one process")
+
+    def process_replicas(self) -> Any:
+        """The same hooks as :meth:`replicas`, for one device per process across the processes
+        ``xdevice launch`` started (this process's rank takes its slice of each batch)."""
+        self.require("supports_processes", "training across processes started by xdevice launch")
 
     # -- shared behaviour ---------------------------------------------------------------
 

@@ -83,6 +83,17 @@ def main(argv: list[str] | None = None) -> int:
     server.add_argument("--threads", type=int, default=None, help="ONNX Runtime intra-op threads per model")
     server.set_defaults(run=_serve)
 
+    starter = commands.add_parser("launch", help="start N training processes, set up for torch, JAX and TF")
+    starter.add_argument("--nproc-per-node", type=int, required=True, help="processes on this machine")
+    starter.add_argument("--nnodes", type=int, default=1, help="machines taking part (default 1)")
+    starter.add_argument("--node-rank", type=int, default=0, help="this machine's number, from 0")
+    starter.add_argument("--master-addr", default="127.0.0.1", help="address of node 0 (default 127.0.0.1)")
+    starter.add_argument("--master-port", type=int, default=29500, help="a free port on node 0 (uses it and "
+                         "the ports after it)")
+    starter.add_argument("script", help="the training script")
+    starter.add_argument("script_args", nargs=argparse.REMAINDER, help="its arguments")
+    starter.set_defaults(run=_launch)
+
     args = parser.parse_args(argv)
     try:
         return args.run(args)
@@ -209,6 +220,13 @@ def _serve(args: argparse.Namespace) -> int:
 
     serve(args.repository, host=args.host, port=args.port, threads=args.threads)
     return 0
+
+
+def _launch(args: argparse.Namespace) -> int:
+    from xdevice.training.launch import launch
+
+    return launch(args.script, args.script_args, args.nproc_per_node, nnodes=args.nnodes,
+                  node_rank=args.node_rank, master_addr=args.master_addr, master_port=args.master_port)
 
 
 def _doctor(args: argparse.Namespace) -> int:

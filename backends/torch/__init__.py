@@ -8,12 +8,14 @@ from xdevice.backends.torch.memory import Memory
 from xdevice.backends.torch.native import Native
 from xdevice.backends.torch.ops import TorchOps
 from xdevice.backends.torch.placement import Placement
+from xdevice.backends.torch.replication import Replication
 
 __all__ = ["TorchBackend"]
 
 
-class TorchBackend(Devices, Memory, Placement, Autodiff, Native, Export, Backend):
+class TorchBackend(Devices, Memory, Placement, Autodiff, Native, Export, Replication, Backend):
     name = "torch"
     title = "PyTorch"
     supports_memory_limit = True
+    supports_processes = True
     ops = TorchOps()

@@ -30,6 +30,7 @@ from xdevice._errors import ConfigurationError, message
 from xdevice.training import checkpoint
 from xdevice.training.data import Prefetcher, as_batches
 from xdevice.training.history import History, Progress
+from xdevice.training.launch import world
 from xdevice.training.losses import loss_function, metric_function
 from xdevice.training.optimizers import Optimizer, optimizer as make_optimizer
 from xdevice.training.programs import program
@@ -68,7 +69,11 @@ class Trainer:
                         for i, m in enumerate(metrics)}
         self.optimizer = make_optimizer(optimizer, **optimizer_options)
         self.replicas = _OneDevice(self.backend.jit if jit else (lambda f: f))
-        if devices is not None and len(devices) > 1:
+        if world()[1] > 1:  # started by xdevice launch (or torchrun): one replica per process
+            self.replicas = self.backend.process_replicas()
+            self.program.params = self.replicas.place_params(self.program.params)
+            self.program.buffers = self.replicas.place_params(self.program.buffers)
+        elif devices is not None and len(devices) > 1:
             self.backend.require("supports_replication", "data-parallel replication in one process")
             found = [find(d, backend=self.backend.name) for d in devices]
             self.replicas = self.backend.replicas(found)
@@ -195,7 +200,10 @@ class Trainer:
     # -- checkpoints ----------------------------------------------------------------------
 
     def save(self, folder: str) -> None:
-        """Write a checkpoint (safetensors + JSON) that :meth:`load` resumes exactly."""
+        """Write a checkpoint (safetensors + JSON) that :meth:`load` resumes exactly (with
+        several processes, rank 0 writes it: every rank holds the same values)."""
+        if getattr(self.replicas, "rank", 0) != 0:
+            return
         p, to_numpy = self.program, self.ops.to_numpy
         arrays = {**{f"param/{k}": to_numpy(v) for k, v in p.params.items()},
                   **{f"buffer/{k}": to_numpy(v) for k, v in p.buffers.items()}}

@@ -1,0 +1,87 @@
+"""xdevice launch: one set of flags, every framework's environment; torch trains across processes."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+from xdevice import ConfigurationError
+from xdevice.training.launch import environments
+
+SCRIPT = textwrap.dedent("""
+    import json, sys
+    import numpy as np
+    from xdevice import models, fit
+    from xdevice.training.launch import world
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(96, 6)).astype("float32")
+    y = (x[:, 0] > 0).astype("int64")
+    model = models.build("mlp", backend="torch", hidden=[16], inputs=6, classes=2, seed=0)
+    history = fit(model, (x, y), optimizer="adam", lr=0.01, epochs=2, batch_size=16, verbose=0)
+    rank, size = world()
+    params = {k: v.ravel().tolist() for k, v in model.numpy_params().items()}
+    with open(sys.argv[1] + f"/rank{rank}of{size}.json", "w") as out:
+        json.dump({"steps": history.steps, "params": params}, out)
+""")
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def test_every_framework_gets_its_environment_from_the_same_flags():
+    envs = environments(2, nnodes=2, node_rank=1, master_addr="10.0.0.5", master_port=4000)
+    assert [(e["RANK"], e["LOCAL_RANK"], e["WORLD_SIZE"]) for e in envs] == [("2", "0", "4"), ("3", "1", "4")]
+    assert {e["MASTER_ADDR"] for e in envs} == {"10.0.0.5"} and {e["MASTER_PORT"] for e in envs} == {"4000"}
+    assert envs[0]["XDEVICE_COORDINATOR"] == "10.0.0.5:4001"
+    assert "TF_CONFIG" not in envs[0]  # several nodes: TF would need every worker's address
+    single = environments(2, master_port=4000)
+    config = json.loads(single[1]["TF_CONFIG"])
+    assert config == {"cluster": {"worker": ["127.0.0.1:4002", "127.0.0.1:4003"]},
+                      "task": {"type": "worker", "index": 1}}
+
+
+def test_bad_flags_say_what_is_allowed():
+    with pytest.raises(ConfigurationError, match="node-rank must be below"):
+        environments(2, nnodes=2, node_rank=2)
+    with pytest.raises(ConfigurationError, match="nproc-per-node"):
+        environments(0)
+
+
+def test_two_torch_processes_train_exactly_as_one(tmp_path):
+    pytest.importorskip("torch")
+    script = tmp_path / "train.py"
+    script.write_text(SCRIPT)
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
+    launched = subprocess.run([sys.executable, "-m", "xdevice", "launch", "--nproc-per-node", "2",
+                               "--master-port", str(free_port()), str(script), str(tmp_path)],
+                              capture_output=True, text=True, env=env, timeout=300)
+    assert launched.returncode == 0, launched.stderr[-2000:]
+    alone = subprocess.run([sys.executable, str(script), str(tmp_path)], capture_output=True, text=True,
+                           env=env, timeout=300)
+    assert alone.returncode == 0, alone.stderr[-2000:]
+    one = json.loads((tmp_path / "rank0of1.json").read_text())
+    for rank in (0, 1):
+        two = json.loads((tmp_path / f"rank{rank}of2.json").read_text())
+        np.testing.assert_allclose(two["steps"], one["steps"], rtol=1e-5, atol=1e-6)
+        for key, value in one["params"].items():
+            np.testing.assert_allclose(two["params"][key], value, rtol=1e-5, atol=1e-6, err_msg=key)
+
+
+def test_a_failing_process_stops_the_launch_with_its_exit_code(tmp_path):
+    script = tmp_path / "fail.py"
+    script.write_text("import os, sys, time\n"
+                      "if os.environ['RANK'] == '1':\n    sys.exit(3)\n"
+                      "time.sleep(60)\n")
+    launched = subprocess.run([sys.executable, "-m", "xdevice", "launch", "--nproc-per-node", "2", str(script)],
+                              capture_output=True, text=True, timeout=60)
+    assert launched.returncode == 3

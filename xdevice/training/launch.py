@@ -1,0 +1,115 @@
+"""``xdevice launch``: start N training processes per node, set up for every framework at once.
+
+From one set of flags each process gets the environment that each framework's own
+distributed engine reads:
+
+- PyTorch (``torch.distributed``, ``init_method="env://"``): ``RANK``, ``WORLD_SIZE``,
+  ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``;
+- JAX (``jax.distributed.initialize``): ``XDEVICE_COORDINATOR`` (``MASTER_ADDR:MASTER_PORT+1``),
+  with ``RANK`` / ``WORLD_SIZE`` as process id and count (:func:`initialize` passes them);
+- TensorFlow (``MultiWorkerMirroredStrategy``): ``TF_CONFIG``, workers on
+  ``MASTER_ADDR:MASTER_PORT+2+rank``. Only for one node: TF needs every worker's address,
+  and with several nodes only the master's is known, so ``TF_CONFIG`` is left unset there.
+
+Decisions: ranks are ``node_rank * nproc_per_node + local_rank``; if any process fails,
+the others on this node are stopped and its exit code is returned.
+
+>>> environments(2, master_port=29500)[1]["RANK"]
+'1'
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+from xdevice._errors import ConfigurationError, message
+
+__all__ = ["environments", "initialize", "launch", "world"]
+
+
+def environments(nproc_per_node: int, *, nnodes: int = 1, node_rank: int = 0, master_addr: str = "127.0.0.1",
+                 master_port: int = 29500) -> list[dict[str, str]]:
+    """The environment of each process this node starts (see the module docstring)."""
+    for name, value, low in (("nproc_per_node", nproc_per_node, 1), ("nnodes", nnodes, 1),
+                             ("node_rank", node_rank, 0), ("master_port", master_port, 1)):
+        if not isinstance(value, int) or value < low:
+            raise ConfigurationError(message(f"--{name.replace('_', '-')} must be an int of at least {low}",
+                                             received=value))
+    if node_rank >= nnodes:
+        raise ConfigurationError(message("--node-rank must be below --nnodes", expected=f"0..{nnodes - 1}",
+                                         received=node_rank))
+    world_size = nproc_per_node * nnodes
+    envs = []
+    for local in range(nproc_per_node):
+        rank = node_rank * nproc_per_node + local
+        env = {"RANK": str(rank), "WORLD_SIZE": str(world_size), "LOCAL_RANK": str(local),
+               "LOCAL_WORLD_SIZE": str(nproc_per_node), "MASTER_ADDR": master_addr,
+               "MASTER_PORT": str(master_port), "XDEVICE_COORDINATOR": f"{master_addr}:{master_port + 1}"}
+        if nnodes == 1:
+            workers = [f"{master_addr}:{master_port + 2 + i}" for i in range(world_size)]
+            env["TF_CONFIG"] = json.dumps({"cluster": {"worker": workers}, "task": {"type": "worker", "index": rank}})
+        envs.append(env)
+    return envs
+
+
+def launch(script: str, args: list[str], nproc_per_node: int, **options) -> int:
+    """Run ``python script args...`` in ``nproc_per_node`` processes; the first failure's exit code."""
+    processes = [subprocess.Popen([sys.executable, script, *args], env={**os.environ, **env})
+                 for env in environments(nproc_per_node, **options)]
+    try:
+        while True:
+            codes = [p.poll() for p in processes]
+            failed = [c for c in codes if c not in (None, 0)]
+            if failed:
+                for p in processes:
+                    if p.poll() is None:
+                        p.send_signal(signal.SIGTERM)
+                for p in processes:
+                    p.wait(30)
+                return failed[0]
+            if all(c == 0 for c in codes):
+                return 0
+            time.sleep(0.05)
+    except KeyboardInterrupt:
+        for p in processes:
+            p.send_signal(signal.SIGINT)
+        for p in processes:
+            p.wait(30)
+        return 130
+
+
+def world() -> tuple[int, int]:
+    """``(rank, world size)`` of this process: ``(0, 1)`` unless started by ``xdevice launch``
+    (or torchrun, which sets the same variables)."""
+    return int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def initialize(framework: str) -> None:
+    """Join the process group of ``framework`` from the launcher's environment (idempotent)."""
+    rank, size = world()
+    if framework == "torch":
+        import torch.distributed as dist
+
+        if not dist.is_initialized():
+            dist.init_process_group("gloo" if not _cuda() else "nccl", init_method="env://",
+                                    rank=rank, world_size=size)
+    elif framework == "jax":
+        import jax
+
+        jax.distributed.initialize(os.environ["XDEVICE_COORDINATOR"], num_processes=size, process_id=rank)
+    else:
+        raise ConfigurationError(message("No multi-process set-up for this framework", received=framework,
+                                         choices=["torch", "jax"],
+                                         fix="TensorFlow reads TF_CONFIG itself: make a "
+                                             "tf.distribute.MultiWorkerMirroredStrategy()"))
+
+
+def _cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available() and os.environ.get("XDEVICE_DIST_BACKEND", "") != "gloo"
