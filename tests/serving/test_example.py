@@ -1,4 +1,4 @@
-"""The serving story end to end, as a user runs it: train, export, `xdevice serve`, query."""
+"""The whole story as a user runs it: train, parity, export, `xdevice serve`, query."""
 
 from __future__ import annotations
 
@@ -19,6 +19,8 @@ def test_train_export_serve_and_query_with_the_standard_client():
     done = subprocess.run([sys.executable, str(EXAMPLE)], capture_output=True, text=True, timeout=600,
                           env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
-    assert "max abs error against the torch model" in done.stdout
-    first, last = [float(line.rsplit(" ", 1)[1]) for line in done.stdout.splitlines() if "loss" in line]
+    assert "max abs error against the trained torch model" in done.stdout
+    assert "MISMATCH" not in done.stdout and "tensorflow max abs error" in done.stdout.replace("  ", " ")
+    loss = next(line for line in done.stdout.splitlines() if line.strip().startswith("loss"))
+    first, last = (float(v) for v in loss.split()[1:4:2])
     assert last < first  # it trained
