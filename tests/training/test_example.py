@@ -1,0 +1,28 @@
+"""The training story as a user runs it: the same script on each backend trains, exports and verifies."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+EXAMPLE = Path(__file__).parents[2] / "examples" / "train_anywhere.py"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("framework", ["torch", "jax", "tensorflow"])
+def test_train_anywhere_trains_exports_and_matches_onnx_runtime(framework):
+    pytest.importorskip(framework)
+    pytest.importorskip("onnxruntime")
+    done = subprocess.run([sys.executable, str(EXAMPLE), "--backend", framework], capture_output=True, text=True,
+                          timeout=600, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    error = re.search(r"ONNX max abs error (\S+);", done.stdout)
+    assert error is not None, done.stdout[-2000:]
+    assert float(error.group(1)) < 1e-4
+    first, last = map(float, re.search(r"loss (\S+) -> (\S+) ", done.stdout).groups())
+    assert last < first  # it trained
