@@ -246,7 +246,6 @@ def main() -> None:
     print("ratio = xdevice steps/s / native steps/s, measured in turns; ms = median step time")
     print(f"{'model':<12} {'backend':<11} {'xdevice/s':>10} {'native/s':>9} {'ratio':>6}  "
           f"{'xdevice ms':>10} {'native ms':>9}")
-    results = {}
     for name in args.models:
         for backend in installed:
             model = models.build(name, backend=backend, device=args.device, seed=0)
@@ -258,18 +257,16 @@ def main() -> None:
                 ours, native = timed(lambda: trainer.step(x, y), NATIVE[backend](twin, x, y), **timing)
             else:
                 (ours,), native = timed(lambda: trainer.step(x, y), **timing), None
-            results[name, backend] = ours
             shown = (f"{1 / native:>9.1f} {native / ours:>6.2f}  {ours * 1e3:>10.2f} {native * 1e3:>9.2f}"
                      if native else f"{'-':>9} {'-':>6}  {ours * 1e3:>10.2f} {'-':>9}")
             print(f"{name:<12} {backend:<11} {1 / ours:>10.1f} {shown}", flush=True)
 
     stall_backend = next((b for b in installed if b != "numpy"), installed[0])
-    step_seconds = results.get((args.stall_model, stall_backend))
-    if step_seconds is None:
-        model = models.build(args.stall_model, backend=stall_backend, device=args.device, seed=0)
-        trainer = Trainer(model, "cross_entropy", "adam", lr=LR)
-        x, y = batch_for(model, args.batch)
-        (step_seconds,) = timed(lambda: trainer.step(x, y), warmup=args.warmup, steps=10, budget=args.max_seconds)
+    model = models.build(args.stall_model, backend=stall_backend, device=args.device, seed=0)
+    trainer = Trainer(model, "cross_entropy", "adam", lr=LR)
+    x, y = batch_for(model, args.batch)
+    # the step time now (not the table's: load from elsewhere may have changed), to match the source to it
+    (step_seconds,) = timed(lambda: trainer.step(x, y), warmup=args.warmup, steps=10, budget=args.max_seconds)
     stalls(args.stall_model, stall_backend, args.device, args.batch, step_seconds)
     scaling(args.models, installed, args.batch, args.warmup, args.steps, args.max_seconds)
 
