@@ -17,6 +17,18 @@ def test_import_xdevice_imports_no_framework(run_python):
     assert json.loads(result.stdout) == []
 
 
+def test_training_and_serving_load_on_first_use(run_python):
+    result = run_python("""
+        import json, sys
+        import xdevice
+        before = [m for m in ("xdevice.training", "xdevice.serving.server") if m in sys.modules]
+        xdevice.fit, xdevice.Trainer
+        print(json.dumps([before, "xdevice.training.trainer" in sys.modules]))
+    """)
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout) == [[], True]
+
+
 def test_machine_discovery_imports_no_framework(run_python):
     result = run_python(f"""
         import json, sys

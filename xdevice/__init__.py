@@ -30,7 +30,6 @@ from xdevice._registry import backend
 from xdevice._tensors import backend_of, convert, device_of, to_device
 from xdevice._tolerance import Comparison, compare
 from xdevice._types import Applied, Config, ConfigReport, MemoryStats
-from xdevice.training.trainer import Trainer, fit
 
 __version__ = "0.1.0"
 
@@ -70,3 +69,12 @@ __all__ = [
     "parity",
     "to_device",
 ]
+
+
+def __getattr__(name: str):
+    """``fit`` and ``Trainer`` load the training package on first use, not at ``import xdevice``."""
+    if name in ("fit", "Trainer"):
+        from xdevice.training import trainer
+
+        return getattr(trainer, name)
+    raise AttributeError(f"module 'xdevice' has no attribute {name!r}")

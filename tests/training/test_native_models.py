@@ -113,3 +113,19 @@ def test_bfloat16_where_it_cannot_run_is_a_clear_error():
         fit(models.build("mlp", hidden=[4], inputs=6, classes=2), data(), precision="bfloat16", verbose=0)
     with pytest.raises(ConfigurationError, match="Valid choices: float32, bfloat16"):
         fit(models.build("mlp", hidden=[4], inputs=6, classes=2), data(), precision="float16", verbose=0)
+
+
+def test_a_torch_module_with_batch_norm_trains_in_bfloat16():
+    torch = pytest.importorskip("torch")
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.BatchNorm1d(16), torch.nn.ReLU(),
+                              torch.nn.Linear(16, 2))
+    twin = copy.deepcopy(net)
+    x, y = data()
+    full = fit(twin, (x, y), epochs=3, shuffle=False, verbose=0)
+    half = fit(net, (x, y), epochs=3, shuffle=False, verbose=0, precision="bfloat16")
+    assert {p.dtype for p in net.parameters()} == {torch.float32}
+    assert net[1].running_mean.dtype == torch.float32 and net[1].running_mean.abs().sum() > 0
+    np.testing.assert_allclose(net[1].running_mean.numpy(), twin[1].running_mean.numpy(), atol=5e-2)
+    assert half["loss"] != full["loss"]
+    np.testing.assert_allclose(half["loss"], full["loss"], rtol=3e-2)

@@ -96,7 +96,9 @@ def initialize(framework: str) -> None:
         import torch.distributed as dist
 
         if not dist.is_initialized():
-            dist.init_process_group("gloo" if not _cuda() else "nccl", init_method="env://",
+            import torch
+
+            dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo", init_method="env://",
                                     rank=rank, world_size=size)
     elif framework == "jax":
         import jax
@@ -108,8 +110,3 @@ def initialize(framework: str) -> None:
                                          fix="TensorFlow reads TF_CONFIG itself: make a "
                                              "tf.distribute.MultiWorkerMirroredStrategy()"))
 
-
-def _cuda() -> bool:
-    import torch
-
-    return torch.cuda.is_available() and os.environ.get("XDEVICE_DIST_BACKEND", "") != "gloo"

@@ -137,9 +137,6 @@ def optimizer(value: str | Optimizer, **options: Any) -> Optimizer:
     """
     if isinstance(value, Optimizer):
         return value
-    if isinstance(value, dict):  # a checkpoint's record
-        options = {k: v for k, v in value.items() if k != "name"}
-        value = value["name"].lower()
     if value not in _NAMES:
         raise ConfigurationError(message("Unknown optimizer", received=value, choices=sorted(_NAMES),
                                          fix="pass one of these names or an xdevice.training optimizer"))

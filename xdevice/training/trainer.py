@@ -21,6 +21,7 @@ epoch 2 from the batch where it stopped, then trains epoch 3.
 
 from __future__ import annotations
 
+import inspect
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -68,24 +69,25 @@ class Trainer:
         self.metrics = {m if isinstance(m, str) else getattr(m, "__name__", f"metric{i}"): metric_function(m)
                         for i, m in enumerate(metrics)}
         self.optimizer = make_optimizer(optimizer, **optimizer_options)
-        self.replicas = _OneDevice(self.backend.jit if jit else (lambda f: f))
-        if world()[1] > 1:  # started by xdevice launch (or torchrun): one replica per process
-            self.replicas = self.backend.process_replicas()
-            self.program.params = self.replicas.place_params(self.program.params)
-            self.program.buffers = self.replicas.place_params(self.program.buffers)
-        elif devices is not None and len(devices) > 1:
-            self.backend.require("supports_replication", "data-parallel replication in one process")
-            found = [find(d, backend=self.backend.name) for d in devices]
-            self.replicas = self.backend.replicas(found)
-            self.program.params = self.replicas.place_params(self.program.params)
-            self.program.buffers = self.replicas.place_params(self.program.buffers)
+        compile_ = self.backend.jit if jit else (lambda f: f)
+        self.replicas = self._replicas(devices, compile_)
+        self.program.params = self.replicas.place_params(self.program.params)
+        self.program.buffers = self.replicas.place_params(self.program.buffers)
         self.state = self._placed(self.optimizer.init(self.ops, self.program.params))
-        self.precision = precision
         self.step_count = self.epoch = self.batch = 0
         self.seed = 0
         self.history = History()
         self._train = self.replicas.compile(self._train_step)
-        self._evaluate = (self.backend.jit if jit else (lambda f: f))(self._eval_step)
+        self._evaluate = compile_(self._eval_step)
+
+    def _replicas(self, devices: Sequence[Any] | None, compile_: Callable) -> Any:
+        """One device; the devices of this process; or one device per launched process."""
+        if world()[1] > 1:  # started by xdevice launch (or torchrun)
+            return self.backend.process_replicas()
+        if devices is not None and len(devices) > 1:
+            self.backend.require("supports_replication", "data-parallel replication in one process")
+            return self.backend.replicas([find(d, backend=self.backend.name) for d in devices])
+        return _OneDevice(compile_)
 
     # -- the step, written once ---------------------------------------------------------
 
@@ -208,7 +210,7 @@ class Trainer:
         arrays = {**{f"param/{k}": to_numpy(v) for k, v in p.params.items()},
                   **{f"buffer/{k}": to_numpy(v) for k, v in p.buffers.items()}}
         record = {"step": self.step_count, "epoch": self.epoch, "batch": self.batch, "seed": self.seed,
-                  "optimizer": self.optimizer.config(), "loss": self.loss_name, "precision": self.precision,
+                  "optimizer": self.optimizer.config(), "loss": self.loss_name, "precision": self.program.precision,
                   "backend": self.backend.name,
                   "history": {"epochs": self.history.epochs, "steps": self.history.steps}}
         checkpoint.write(folder, arrays, {k: to_numpy(v) for k, v in self.state.items()}, record)
@@ -284,7 +286,7 @@ def fit(model: Any, data: Any, *, loss: str | Callable = "cross_entropy", optimi
     Optimizer settings (``lr``, ``momentum``, ``weight_decay``...) and fit settings
     (``batch_size``, ``seed``, ``validation``, ``prefetch``, ``verbose``...) go in ``options``.
     """
-    fit_keys = {"batch_size", "shuffle", "seed", "validation", "prefetch", "steps", "verbose", "checkpoint_dir"}
+    fit_keys = set(inspect.signature(Trainer.fit).parameters) - {"self", "data", "epochs"}
     fit_options = {k: v for k, v in options.items() if k in fit_keys}
     optimizer_options = {k: v for k, v in options.items() if k not in fit_keys}
     trainer = Trainer(model, loss, optimizer, device=device, devices=devices, precision=precision, metrics=metrics,
