@@ -19,8 +19,8 @@ def data(rows: int = 96):
 def train(backend: str, devices, batch_size: int = 16):
     model = models.build("mlp", backend=backend, **SPEC)
     trainer = Trainer(model, optimizer="adam", lr=0.01, devices=devices)
-    history = trainer.fit(data(), epochs=2, batch_size=batch_size, verbose=0)
-    return history.steps, model.numpy_params()
+    history = trainer.fit(data(), epochs=2, batch_size=batch_size, validation=data(32), verbose=0)
+    return history.steps + history["val_loss"] + history["loss"], model.numpy_params()
 
 
 def replicating(backend):
@@ -35,7 +35,7 @@ def test_n_devices_match_one_device_step_for_step(backend, count):
     name = replicating(backend)
     one_losses, one_params = train(name, None)
     many_losses, many_params = train(name, [f"cpu:{i}" for i in range(count)])
-    assert len(many_losses) == 12
+    assert len(many_losses) == 12 + 2 + 2  # steps, then per-epoch validation and training loss
     np.testing.assert_allclose(many_losses, one_losses, rtol=1e-5, atol=1e-6)
     for key, value in one_params.items():
         np.testing.assert_allclose(many_params[key], value, rtol=1e-5, atol=1e-6, err_msg=key)

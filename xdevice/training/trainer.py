@@ -111,7 +111,8 @@ class Trainer:
 
     def step(self, x: Any, y: Any) -> float:
         """One optimisation step on a batch; returns its loss."""
-        loss, _ = self._step(*self._place((x, y)))
+        x, y, _ = self._place((x, y))
+        loss, _ = self._step(x, y)
         return loss
 
     def _step(self, x, y) -> tuple[float, dict[str, float]]:
@@ -148,9 +149,8 @@ class Trainer:
             loader = Prefetcher(source.epoch(self.epoch, self.batch), self._place, prefetch)
             finished = True
             try:
-                for x, y in loader:
+                for x, y, n in loader:
                     loss, metrics = self._step(x, y)
-                    n = self._rows(x)
                     for key, value in {"loss": loss, **metrics}.items():
                         sums[key] = sums.get(key, 0.0) + value * n
                     rows += n
@@ -185,8 +185,9 @@ class Trainer:
         """Mean loss and metrics over ``data`` in inference mode (batch norm uses running stats)."""
         source = as_batches(data, batch_size, shuffle=False)
         sums, rows = {}, 0
-        for x, y in source.epoch(0):
-            x, y = self._place((x, y))
+        for batch in source.epoch(0):
+            x, y = self._on_device(batch)  # whole, not split: evaluated as on one device
+            x, y = self.replicas.place_params({"x": x, "y": y}).values()  # beside the replicated params
             loss, metrics = self._evaluate(self.program.params, self.program.buffers, x, y)
             n = self.ops.shape(x)[0]
             for key, value in {"loss": loss, **metrics}.items():
@@ -241,19 +242,17 @@ class Trainer:
 
     # -- helpers --------------------------------------------------------------------------
 
-    def _place(self, batch: tuple[Any, Any]) -> tuple[Any, Any]:
-        x, y = (self.backend.to_device(self.ops.asarray(v), self.program.device) for v in batch)
-        return self.replicas.place_batch(x, y)
+    def _place(self, batch: tuple[Any, Any]) -> tuple[Any, Any, int]:
+        """The batch on the device(s), split across replicas, and its global row count."""
+        x, y = self._on_device(batch)
+        return (*self.replicas.place_batch(x, y), int(self.ops.shape(x)[0]))
+
+    def _on_device(self, batch: tuple[Any, Any]) -> tuple[Any, Any]:
+        return tuple(self.backend.to_device(self.ops.asarray(v), self.program.device) for v in batch)
 
     def _placed(self, arrays: dict[str, Any]) -> dict[str, Any]:
         placed = {k: self.backend.to_device(self.ops.asarray(v), self.program.device) for k, v in arrays.items()}
         return self.replicas.place_params(placed)
-
-    def _rows(self, x: Any) -> int:
-        shape = getattr(x, "shape", None)  # a TF distributed batch has no shape: count its parts
-        if shape is None:
-            return sum(int(part.shape[0]) for part in x.values)
-        return int(shape[0])
 
     def _float(self, value: Any) -> float:
         return float(self.ops.to_numpy(value))
