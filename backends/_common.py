@@ -9,7 +9,7 @@ from xdevice._device import Device
 from xdevice._errors import ConversionError, message
 from xdevice._types import Applied, Config, How, MemoryStats
 
-__all__ = ["dlpack_data_pointer", "memory_not_applied", "cpu_only_stats", "bfloat16_dtype", "is_numpy_bfloat16",
+__all__ = ["dlpack_data_pointer", "memory_not_applied", "cpu_only_stats", "map_leaves", "ml_dtype", "is_numpy_bfloat16",
            "flat_outputs", "as_function", "exporter_failed"]
 
 
@@ -53,15 +53,25 @@ def cpu_only_stats(backend: str, device: Device) -> MemoryStats:
     return MemoryStats(device, backend, in_use=None, peak=None, limit=None)
 
 
-def bfloat16_dtype() -> Any:
-    """numpy's bfloat16 dtype, from ``ml_dtypes`` (installed with JAX and TensorFlow)."""
+def map_leaves(fn: Any, tree: Any) -> Any:
+    """``tree`` (dicts, lists, tuples) with ``fn`` applied to every other value in it."""
+    if isinstance(tree, dict):
+        return {key: map_leaves(fn, value) for key, value in tree.items()}
+    if isinstance(tree, (list, tuple)):
+        return type(tree)(map_leaves(fn, value) for value in tree)
+    return fn(tree)
+
+
+def ml_dtype(name: str = "bfloat16") -> Any:
+    """numpy's dtype for ``name`` (bfloat16, float8, int4...) from ``ml_dtypes`` (installed with
+    JAX and TensorFlow)."""
     try:
         import ml_dtypes
     except ImportError as error:
         raise ConversionError(message(
-            "numpy has no bfloat16 type without ml_dtypes", received="a bfloat16 array",
+            f"numpy has no {name} type without ml_dtypes", received=f"a {name} array",
             fix="pip install ml_dtypes")) from error
-    return ml_dtypes.bfloat16
+    return getattr(ml_dtypes, name)
 
 
 def is_numpy_bfloat16(x: Any) -> bool:

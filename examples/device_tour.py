@@ -71,11 +71,12 @@ def main() -> int:
 
         source = exporters[0]
         section(f"7. ONNX: export the cnn from {source} (verified in ONNX Runtime), import it everywhere")
-        result = export(model.to(source), example_inputs=model.example_input(4))
+        native = model.to(source)
+        result = export(native, example_inputs=model.example_input(4))
         print(f"  opset {result.opset}, batch axis {result.inputs[0].shape[0]!r}, "
               f"export {result.seconds:.1f} s, worst error in ONNX Runtime "
               f"{result.max_abs_error:.1e}")
-        expected = xdevice.backend(source).to_numpy(model.to(source)(x))
+        expected = xdevice.backend(source).to_numpy(native(x))
         for name in xdevice.backends():
             imported = from_onnx(result.model, backend=name)
             comparison = xdevice.compare(xdevice.backend(name).to_numpy(imported(x)), expected)

@@ -58,5 +58,5 @@ def test_the_doctor_command_checks_this_machine():
 def test_the_export_tools_are_reported_with_their_versions_or_how_to_install_them():
     findings = export_tools({"onnx": "1.23.2", "tf2onnx": "1.17.0"})
     texts = [f.text for f in findings]
-    assert all(f.ok for f in findings) and texts[0].startswith("onnx 1.23.2") and texts[2].startswith("tf2onnx 1.17.0")
+    assert texts[0].startswith("onnx 1.23.2") and texts[2].startswith("tf2onnx 1.17.0")
     assert "onnxscript: not installed" in texts[1] and "pip install 'xdevice[export]'" in texts[3]

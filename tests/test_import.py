@@ -29,6 +29,12 @@ def test_training_and_serving_load_on_first_use(run_python):
     assert json.loads(result.stdout) == [[], True]
 
 
+def test_an_installed_copy_does_not_widen_the_package_path(run_python):
+    result = run_python("import json, xdevice; print(json.dumps(list(xdevice.__path__)))")
+    assert result.returncode == 0, result.stderr
+    assert len(json.loads(result.stdout)) == 1  # no repository root: tests/, examples/ stay out of xdevice
+
+
 def test_machine_discovery_imports_no_framework(run_python):
     result = run_python(f"""
         import json, sys

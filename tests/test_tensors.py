@@ -98,3 +98,14 @@ def test_bfloat16_numpy_arrays_convert_to_every_backend(target):
 def test_convert_to_an_unknown_backend_suggests_the_name():
     with pytest.raises(xdevice.BackendUnavailable, match="Did you mean 'torch'"):
         xdevice.convert(_aligned_numpy(), to="troch")
+
+
+@pytest.mark.parametrize("dtype", ["float8_e4m3fn", "float8_e5m2", "bfloat16"])
+def test_narrow_torch_floats_reach_numpy_with_their_bits(dtype):
+    torch = pytest.importorskip("torch")
+    import numpy as np
+
+    tensor = torch.tensor([1.5, -2.0, 0.25]).to(getattr(torch, dtype))
+    array = xdevice.convert(tensor, "numpy")
+    assert array.dtype.name == dtype
+    np.testing.assert_array_equal(array.astype(np.float32), [1.5, -2.0, 0.25])

@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from xdevice._errors import XDeviceError, message
+from xdevice.backends._common import map_leaves
 from xdevice.backends._shapes import as_tuple, conv_padding, pool_counts, pool_padding, slice_index, windows
 from xdevice.backends.numpy.ops import NumpyOps
 
@@ -541,7 +542,7 @@ class Autodiff:
         leaves = {name: Var(np.asarray(value)) for name, value in params.items()}
         out = fn(leaves, *args)
         out, aux = out if has_aux else (out, None)
-        aux = _untaped(aux)
+        aux = map_leaves(_raw, aux)
         if not isinstance(out, Var):  # does not depend on params at all
             grads = {name: np.zeros_like(leaf.value) for name, leaf in leaves.items()}
             return ((out, aux) if has_aux else out), grads
@@ -553,17 +554,6 @@ class Autodiff:
 
     def jit(self, fn: Callable[..., Any]) -> Callable[..., Any]:
         return fn
-
-
-def _untaped(tree: Any) -> Any:
-    """``tree`` (dicts, lists, tuples) with every Var replaced by its value."""
-    if isinstance(tree, Var):
-        return tree.value
-    if isinstance(tree, dict):
-        return {key: _untaped(value) for key, value in tree.items()}
-    if isinstance(tree, (list, tuple)):
-        return type(tree)(_untaped(value) for value in tree)
-    return tree
 
 
 def _backward(out: Var) -> dict[int, np.ndarray]:

@@ -23,12 +23,9 @@ _SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
 def numpy_dtype(name: str) -> np.dtype:
     """numpy's dtype for a dtype name; bfloat16, float8 and int4 come from ml_dtypes."""
     if name == "bfloat16" or name in NARROW_DTYPES:
-        from xdevice.backends._common import bfloat16_dtype
+        from xdevice.backends._common import ml_dtype
 
-        bfloat16_dtype()  # the clear error when ml_dtypes is missing
-        import ml_dtypes
-
-        return np.dtype(getattr(ml_dtypes, name))
+        return np.dtype(ml_dtype(name))
     return np.dtype(name)
 
 

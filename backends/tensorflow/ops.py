@@ -549,7 +549,7 @@ class TensorflowOps(Ops):
         """Negative indices counted from the end, as numpy does (``tf.gather`` does not)."""
         if indices.dtype.is_unsigned:
             return indices
-        return tf.where(indices < 0, indices + tf.constant(size, indices.dtype), indices)
+        return tf.where(indices < 0, indices + tf.cast(size, indices.dtype), indices)
 
     def scatter(self, x: Array, indices: Array, updates: Array, axis: int = 0,
                 reduction: str = "none") -> Array:
@@ -559,7 +559,7 @@ class TensorflowOps(Ops):
         x, index = _tensor(x), tf.cast(_tensor(indices), tf.int64)
         rank, size = x.shape.rank, tf.shape(x, out_type=tf.int64)
         axis %= rank
-        index = tf.where(index < 0, index + size[axis], index)
+        index = self._wrapped(index, size[axis])
         # the flat position in x of each update: its own coordinates, the index along axis
         counts = tf.shape(index, out_type=tf.int64)
         coords = [tf.reshape(tf.range(counts[d]), [-1 if e == d else 1 for e in range(rank)]) for d in range(rank)]

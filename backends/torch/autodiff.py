@@ -8,6 +8,7 @@ from typing import Any
 import torch
 
 from xdevice._errors import XDeviceError, message
+from xdevice.backends._common import map_leaves
 
 
 class Autodiff:
@@ -21,7 +22,7 @@ class Autodiff:
             out = fn(leaves, *args)
         out, aux = out if has_aux else (out, None)
         value, grads = self._grad(out, leaves)
-        return ((value, _detached(aux)) if has_aux else value), grads
+        return ((value, map_leaves(_detach, aux)) if has_aux else value), grads
 
     def _grad(self, out: Any, leaves: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
         if not isinstance(out, torch.Tensor) or not out.requires_grad:  # params not used at all
@@ -37,12 +38,5 @@ class Autodiff:
         return fn
 
 
-def _detached(tree: Any) -> Any:
-    """``tree`` (dicts, lists, tuples) with every tensor detached from the graph."""
-    if isinstance(tree, torch.Tensor):
-        return tree.detach()
-    if isinstance(tree, dict):
-        return {key: _detached(value) for key, value in tree.items()}
-    if isinstance(tree, (list, tuple)):
-        return type(tree)(_detached(value) for value in tree)
-    return tree
+def _detach(value: Any) -> Any:
+    return value.detach() if isinstance(value, torch.Tensor) else value

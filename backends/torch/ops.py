@@ -20,7 +20,6 @@ import torch.nn.functional as F
 
 from xdevice._errors import UnsupportedOp, message
 from xdevice.backends._shapes import as_tuple, conv_padding, pool_counts, pool_padding
-from xdevice.backends.numpy.ops import numpy_dtype
 from xdevice.backends.opset import DTYPES, NARROW_DTYPES, Array, Ops
 from xdevice.backends.torch.placement import host_array
 
@@ -55,9 +54,6 @@ class TorchOps(Ops):
         return torch.as_tensor(x, dtype=want)  # as_tensor follows the default-device context
 
     def to_numpy(self, x: Array) -> Any:
-        if isinstance(x, torch.Tensor) and x.is_floating_point() and x.element_size() == 1:
-            # float8: torch's .numpy() refuses it; ml_dtypes' type reads the same bits
-            return host_array(x.view(torch.uint8), copy=True).view(numpy_dtype(self.dtype(x)))
         return host_array(x, copy=True) if isinstance(x, torch.Tensor) else np.array(x)
 
     def shape(self, x: Array) -> tuple[int, ...]:

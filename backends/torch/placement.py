@@ -8,7 +8,7 @@ from typing import Any
 import torch
 
 from xdevice._device import Device, device
-from xdevice.backends._common import bfloat16_dtype, is_numpy_bfloat16
+from xdevice.backends._common import is_numpy_bfloat16, ml_dtype
 
 __all__ = ["Placement", "host_array"]
 
@@ -45,6 +45,8 @@ def host_array(x: torch.Tensor, copy: bool = False) -> Any:
     """``x`` as a numpy array on the host, detached; a copy when asked or when ``x`` is
     off the CPU (otherwise it shares the tensor's memory)."""
     x = x.detach().to("cpu", copy=copy)
-    if x.dtype == torch.bfloat16:  # numpy has no bfloat16 of its own; ml_dtypes adds it
-        return x.view(torch.int16).numpy().view(bfloat16_dtype())
+    if x.dtype == torch.bfloat16 or (x.is_floating_point() and x.element_size() == 1):
+        # numpy has no bfloat16 or float8 of its own: ml_dtypes' types read the same bits
+        bits = x.view(torch.int16 if x.dtype == torch.bfloat16 else torch.uint8).numpy()
+        return bits.view(ml_dtype(str(x.dtype).removeprefix("torch.")))
     return x.numpy()
