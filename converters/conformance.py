@@ -11,12 +11,11 @@ from __future__ import annotations
 import collections
 import contextlib
 import dataclasses
-import re
 import time
 import unittest
 import warnings
 
-__all__ = ["Outcome", "run_suite", "statuses"]
+__all__ = ["Outcome", "run_suite"]
 
 
 @dataclasses.dataclass
@@ -39,9 +38,8 @@ class Outcome:
                 f"of {len(self.status)} node tests ({self.seconds:.0f} s)")
 
 
-def run_suite(backend: str, tests: list[str] | None = None, pattern: str | None = None,
-              modules: list[str] | None = None) -> Outcome:
-    """Run ONNX's node tests (all, the named ones, or those matching ``pattern``) on ``backend``.
+def run_suite(backend: str, pattern: str | None = None, modules: list[str] | None = None) -> Outcome:
+    """Run ONNX's node tests (all, or those matching ``pattern``) on ``backend``.
 
     ONNX builds its node tests when their modules are imported, by running its reference
     implementation: a minute or more for all of them. ``modules`` (names of the files in
@@ -61,9 +59,7 @@ def run_suite(backend: str, tests: list[str] | None = None, pattern: str | None 
     suite_backend = onnx_backend(backend)
     with _only_node_modules(modules):
         runner = onnx.backend.test.BackendTest(suite_backend, __name__)
-    if tests:
-        runner.include("^(" + "|".join(re.escape(t) for t in tests) + ")_cpu$")
-    elif pattern:
+    if pattern:
         runner.include(pattern)
     else:
         runner.include(r"_cpu$")
@@ -117,13 +113,6 @@ def _only_node_modules(modules: list[str] | None):
         yield
     finally:
         runner_module.load_model_tests = own
-
-
-def statuses(outcome: Outcome) -> dict[str, list[str]]:
-    grouped: dict[str, list[str]] = collections.defaultdict(list)
-    for test, status in sorted(outcome.status.items()):
-        grouped[status].append(test)
-    return dict(grouped)
 
 
 class _Collect(unittest.TestResult):

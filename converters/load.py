@@ -30,6 +30,7 @@ def load_model(model: Any, *, check: bool = True):
     """
     import onnx
 
+    path = None
     if isinstance(model, onnx.ModelProto):
         proto, folder = model, None
     elif isinstance(model, (bytes, bytearray)):
@@ -45,23 +46,29 @@ def load_model(model: Any, *, check: bool = True):
                 "ONNX model file too large for protobuf", expected=f"at most {MAX_MODEL_BYTES} bytes",
                 received=f"{size} bytes", fix="save the weights as external data next to the model"))
         proto, folder = _parse(path.read_bytes(), str(path)), path.parent.resolve()
-    if _has_external_data(proto):
+    external = _has_external_data(proto)
+    if external:
         if folder is None:
             raise ConversionError(message(
                 "This model keeps tensors in external files, but came without its folder",
                 fix="pass the .onnx file's path so its external data can be found"))
         for tensor in _external_tensors(proto):
             _check_inside(tensor, folder)
+    if check:  # through the file when there is one: a proto with its external data loaded may pass 2 GiB
+        _validate(onnx, str(path) if path is not None else proto)
+    if external:
         from onnx.external_data_helper import load_external_data_for_model
 
         load_external_data_for_model(proto, str(folder))
-    if check:
-        try:
-            onnx.checker.check_model(proto)
-        except onnx.checker.ValidationError as error:
-            raise ConversionError(message("The ONNX model is not valid", received=str(error).splitlines()[0],
-                                          fix="re-export it, or run onnx.checker for details")) from error
     return proto
+
+
+def _validate(onnx: Any, model: Any) -> None:
+    try:
+        onnx.checker.check_model(model)
+    except onnx.checker.ValidationError as error:
+        raise ConversionError(message("The ONNX model is not valid", received=str(error).splitlines()[0],
+                                      fix="re-export it, or run onnx.checker for details")) from error
 
 
 def _parse(data: bytes, where: str):

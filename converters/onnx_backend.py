@@ -43,7 +43,7 @@ def onnx_backend(name: str) -> type[Backend]:
         @classmethod
         def prepare(cls, model, device: str = "CPU", **kwargs: Any) -> _Rep:
             super().prepare(model, device, **kwargs)
-            return _Rep(ImportedModel(model, name, _device(device)))
+            return _Rep(ImportedModel(model, name, device))
 
         @classmethod
         def run_model(cls, model, inputs, device: str = "CPU", **kwargs: Any):
@@ -59,7 +59,3 @@ def onnx_backend(name: str) -> type[Backend]:
     XDeviceOnnxBackend.__name__ = XDeviceOnnxBackend.__qualname__ = f"{name.capitalize()}OnnxBackend"
     return XDeviceOnnxBackend
 
-
-def _device(onnx_device: str) -> str:
-    kind, _, index = onnx_device.partition(":")
-    return f"gpu:{index or 0}" if kind.upper() == "CUDA" else "cpu"

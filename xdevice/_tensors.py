@@ -100,3 +100,13 @@ def convert(x: Any, to: str, *, device: Any = None, copy: bool | None = None) ->
     if device is not None:
         result = target.to_device(result, find(device, backend=to))
     return result
+
+
+def to_host(x: Any) -> Any:
+    """``x`` as a numpy array on the host: numpy values and Python lists as they are, a
+    framework's array copied off its device."""
+    import numpy as np
+
+    if isinstance(x, np.ndarray) or type(x).__module__.split(".")[0] in ("numpy", "builtins"):
+        return np.asarray(x)
+    return _registry.backend(backend_of(x)).to_numpy(x)

@@ -123,10 +123,9 @@ def unsupported(graph: Graph) -> list[str]:
 class Context:
     """What a handler sees: the backend's ops, and helpers for static values and subgraphs."""
 
-    def __init__(self, backend, folding: bool = True):
+    def __init__(self, backend):
         self.backend = backend
         self.ops = backend.ops
-        self.folding = folding
         self.node: Node | None = None
         self.values: dict[str, Any] = {}  # the enclosing scope, for nodes with subgraphs
 
@@ -194,7 +193,7 @@ def _run_node(node: Node, ctx: Context, opsets: dict[str, int], args: list, valu
     found, _ = registry.resolve(node.op, domain, opsets[domain])
     if found is None:  # unsupported() ran before execution; this guards direct callers
         raise UnsupportedOp(message(f"No handler for {node.op}", received=node.name))
-    fold = (ctx.folding and node.op not in _RANDOM and all(is_static(a) for a in args)
+    fold = (node.op not in _RANDOM and all(is_static(a) for a in args)
             and any(a is not None for a in args) and not _has_subgraph(node))
     target = _numpy_context(ctx) if fold else ctx
     previous, target.node = target.node, node

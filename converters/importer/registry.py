@@ -66,11 +66,6 @@ def resolve(op: str, domain: str, opset: int) -> tuple[Handler | None, int | Non
     return (max(candidates, key=lambda h: h.since) if candidates else None), since
 
 
-def registered() -> dict[tuple[str, str], list[Handler]]:
-    _load()
-    return _registry
-
-
 def _load() -> None:
     global _loaded
     if not _loaded:

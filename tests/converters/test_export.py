@@ -77,6 +77,20 @@ def test_the_reported_opset_is_the_one_written_not_the_one_asked_for(exporter, m
     assert "opset     19 (asked for 18)" in str(result)
 
 
+def test_an_exporter_that_pins_the_batch_size_is_caught(exporter, monkeypatch):
+    own = exporter.export_onnx
+
+    def pins_the_batch(target, example_inputs, opset, dynamic_batch):
+        proto = own(target, example_inputs, opset, dynamic_batch)
+        for value in proto.graph.input:
+            value.type.tensor_type.shape.dim[0].dim_value = 8  # what a tracer that specialised does
+        return proto
+
+    monkeypatch.setattr(exporter, "export_onnx", pins_the_batch)
+    with pytest.raises(ConversionError, match="fixed the batch size"):
+        export(models.build("mlp", hidden=[16], backend=exporter.name))
+
+
 def test_a_static_batch_keeps_the_example_size_and_verifies_once(exporter):
     result = export(models.build("mlp", hidden=[16], backend=exporter.name),
                     example_inputs=models.build("mlp", hidden=[16]).example_input(3), dynamic_batch=False)

@@ -61,11 +61,26 @@ def test_float_initializers_become_trainable_parameters(backend):
     assert (backend.ops.to_numpy(grads["b"]) == 2.0 * active).all()
 
 
-def test_the_imported_function_compiles(backend):
-    imported = from_onnx(_dense_model(), backend=backend.name)
-    x = backend.ops.asarray(np.random.default_rng(2).normal(size=(5, 4)).astype(np.float32))
+def test_the_imported_function_compiles_with_its_shape_arithmetic(backend):
+    if backend.jit(len) is len:
+        pytest.skip(f"{backend.name} runs eagerly: nothing is compiled")
+    # y = relu(x * w + b) reshaped to (batch, 2, 2), the new shape computed from Shape(x) in the graph
+    model = _dense_model()
+    shape_nodes = [helper.make_node("Shape", ["x"], ["s"]),
+                   helper.make_node("Slice", ["s", "zero", "one"], ["n"]),
+                   helper.make_node("Concat", ["n", "two_two"], ["new_shape"], axis=0),
+                   helper.make_node("Reshape", ["y", "new_shape"], ["out"])]
+    model.graph.node.extend(shape_nodes)
+    model.graph.initializer.extend([numpy_helper.from_array(np.array(v, np.int64), name) for name, v in
+                                    (("zero", [0]), ("one", [1]), ("two_two", [2, 2]))])
+    del model.graph.output[:]
+    model.graph.output.append(helper.make_tensor_value_info("out", TensorProto.FLOAT, ["batch", 2, 2]))
+    imported = from_onnx(model, backend=backend.name)
+    x = np.random.default_rng(2).normal(size=(5, 4)).astype(np.float32)
     compiled = backend.jit(lambda params, x: imported.apply(params, x)[0])
-    assert compare(backend.ops.to_numpy(compiled(imported.params, x)), backend.ops.to_numpy(imported(x))).ok
+    got = backend.ops.to_numpy(compiled(imported.params, backend.ops.asarray(x)))
+    assert got.shape == (5, 2, 2)
+    assert compare(got, _reference(model, x)).ok
 
 
 def test_every_unsupported_op_is_listed_before_anything_runs():

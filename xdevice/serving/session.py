@@ -31,7 +31,7 @@ from typing import Any
 from xdevice import _configure, _registry
 from xdevice._device import Device, device as parse_device
 from xdevice._errors import ConfigurationError, DeviceNotFound, InferenceError, message
-from xdevice._tensors import backend_of
+from xdevice._tensors import backend_of, to_host
 
 __all__ = ["TensorSpec", "Session"]
 
@@ -150,7 +150,7 @@ class Session:
         on_gpu = self.device.kind == "gpu"
         try:
             if to in (None, "numpy") and not any(_is_device_array(v) for v in feeds.values()):
-                values = self._session.run(wanted, {k: _host(v) for k, v in feeds.items()})
+                values = self._session.run(wanted, {k: to_host(v) for k, v in feeds.items()})
                 return dict(zip(wanted, values))
             return self._run_bound(feeds, wanted, to, on_gpu)
         except InferenceError:
@@ -170,7 +170,7 @@ class Session:
                     value = value.contiguous()
                 binding.bind_ortvalue_input(name, ort.OrtValue.from_dlpack(value))
             else:
-                binding.bind_cpu_input(name, _host(value))
+                binding.bind_cpu_input(name, to_host(value))
         specs = {s.name: s for s in self.outputs}
         for name in wanted:
             binding.bind_output(name, *(("cpu", 0) if specs[name].dtype == "string" else place))
@@ -318,18 +318,12 @@ def _is_device_array(value: Any) -> bool:
     return not isinstance(value, np.ndarray)
 
 
-def _host(value: Any):
-    import numpy as np
-
-    return value if isinstance(value, np.ndarray) else _registry.backend(backend_of(value)).to_numpy(value)
-
-
 def _checked(spec: TensorSpec, value: Any, device: Device):
     """``value`` ready for ORT: numpy, or a framework array on ``device``; dtype and rank checked."""
     import numpy as np
 
     if spec.dtype == "string":
-        array = np.asarray(value if isinstance(value, (list, tuple, np.ndarray)) else _host(value))
+        array = np.asarray(value if isinstance(value, (list, tuple, np.ndarray)) else to_host(value))
         text = [v.decode("utf-8") if isinstance(v, bytes) else str(v) for v in array.ravel()]
         value = np.array(text, dtype=object).reshape(array.shape)  # ORT would str() bytes: "b'ab'"
     elif isinstance(value, (list, tuple, int, float, bool)):
