@@ -414,6 +414,20 @@ class Ops(abc.ABC):
         wins) or is combined with it (``"add"``, ``"mul"``, ``"max"``, ``"min"``).
         Negative indices count from the end."""
 
+    def scatter_last_wins(self, x: Array, index: Array, updates: Array, axis: int) -> Array:
+        """``scatter`` with ``reduction="none"`` for a backend whose own kernel leaves the
+        winner among duplicate indices open: each element of ``x`` finds the last (row-major)
+        update aimed at it with a scatter-max of positions, a result no order can change,
+        and takes it by a gather, so only the winner gets a gradient. ``index`` holds no
+        negative values and ``updates`` has its shape and ``x``'s dtype."""
+        count = math.prod(self.shape(index))
+        if not count:
+            return x
+        position = self.reshape(self.arange(count, dtype="int32"), self.shape(index))
+        winner = self.scatter(self.full(self.shape(x), -1, "int32"), index, position, axis, "max")
+        taken = self.take(self.reshape(updates, (-1,)), self.maximum(winner, self.zeros((), "int32")))
+        return self.where(self.greater_equal(winner, self.zeros((), "int32")), taken, x)
+
     @abc.abstractmethod
     def det(self, x: Array) -> Array:
         """Determinant over the last two axes."""

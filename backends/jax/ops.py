@@ -315,15 +315,8 @@ class JaxOps(Ops):
         target[axis] = index
         target = tuple(target)
         updates = jnp.broadcast_to(updates, index.shape).astype(x.dtype)
-        if reduction == "none":
-            if not index.size:
-                return x
-            # .at[].set leaves the winner among duplicates unspecified. The last write (the
-            # highest position in index order, numpy's rule) is found by a scatter-max of
-            # positions and read by a gather, so the gradient reaches the winner only.
-            position = jnp.arange(index.size, dtype=jnp.int32).reshape(index.shape)
-            winner = jnp.full(x.shape, -1, jnp.int32).at[target].max(position)
-            return jnp.where(winner >= 0, updates.reshape(-1)[jnp.maximum(winner, 0)], x)
+        if reduction == "none":  # .at[].set leaves the winner among duplicates open
+            return self.scatter_last_wins(x, index, updates, axis)
         if reduction not in _SCATTER:
             raise UnsupportedOp(message("Unknown scatter reduction", received=reduction,
                                         choices=["none", *_SCATTER]))

@@ -568,21 +568,18 @@ class TensorflowOps(Ops):
         for d in range(1, rank):
             target = target * size[d] + coords[d]
         updates = tf.cast(tf.broadcast_to(_tensor(updates), tf.shape(index)), x.dtype)
+        if reduction == "none":  # TensorScatterUpdate leaves the order of duplicates open
+            return self.scatter_last_wins(x, index, updates, axis)
         # x's own elements lead every segment: none is empty, and (on CPU, whose segment kernels
         # run in order) the updates combine as numpy's ufunc.at does, onto x in index order
         count = tf.size(x, out_type=tf.int64)
         ids = tf.concat([tf.range(count), tf.reshape(target, [-1])], 0)
         data = tf.concat([tf.reshape(x, [-1]), tf.reshape(updates, [-1])], 0)
-        if reduction == "none":
-            # the last write wins, deterministically: each element gathers the last entry aimed
-            # at it (TensorScatterUpdate leaves the order of duplicates open)
-            out = tf.gather(data, tf.math.unsorted_segment_max(tf.range(tf.size(ids, tf.int64)), ids, count))
-        else:
-            out = _SEGMENT[reduction](data, ids, count)
-            if reduction in ("max", "min") and x.dtype.is_floating:
-                # segment max/min keep or drop NaN by position; np.maximum.at propagates any
-                nan = tf.math.unsorted_segment_max(tf.cast(tf.math.is_nan(data), tf.int32), ids, count) > 0
-                out = tf.where(nan, tf.constant(np.nan, x.dtype), out)
+        out = _SEGMENT[reduction](data, ids, count)
+        if reduction in ("max", "min") and x.dtype.is_floating:
+            # segment max/min keep or drop NaN by position; np.maximum.at propagates any
+            nan = tf.math.unsorted_segment_max(tf.cast(tf.math.is_nan(data), tf.int32), ids, count) > 0
+            out = tf.where(nan, tf.constant(np.nan, x.dtype), out)
         return tf.reshape(out, size)
 
     def pad(self, x: Array, pad_width: Sequence[tuple[int, int]], mode: str = "constant",

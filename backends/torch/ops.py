@@ -182,15 +182,7 @@ class TorchOps(Ops):
         if reduction != "none":
             raise UnsupportedOp(message("Unknown scatter reduction", received=reduction,
                                         choices=["none", *_SCATTER]))
-        # torch.scatter leaves which duplicate wins to the kernel. Instead each element of x
-        # finds the last (row-major) update aimed at it, a max that no order can change,
-        # and takes that one by a gather: a loser then gets no gradient either.
-        if not index.numel():
-            return x.clone()
-        order = torch.arange(index.numel(), device=x.device).reshape(index.shape)
-        last = torch.full(x.shape, -1, device=x.device).scatter_reduce(axis, index, order, "amax")
-        taken = updates.reshape(-1)[last.clamp(min=0)]
-        return torch.where(last >= 0, taken, x)
+        return self.scatter_last_wins(x, index, updates, axis)
 
     def det(self, x: Array) -> Array:
         return torch.linalg.det(_floating(x))
