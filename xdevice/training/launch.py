@@ -20,6 +20,7 @@ the others on this node are stopped and its exit code is returned.
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import signal
@@ -100,6 +101,9 @@ def initialize(framework: str) -> None:
 
             dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo", init_method="env://",
                                     rank=rank, world_size=size)
+            # left to interpreter exit, gloo's threads can abort the process ("terminate called
+            # without an active exception"): leave the group in order, after every rank is done
+            atexit.register(_leave_torch_group)
     elif framework == "jax":
         import jax
 
@@ -110,3 +114,10 @@ def initialize(framework: str) -> None:
                                          fix="TensorFlow reads TF_CONFIG itself: make a "
                                              "tf.distribute.MultiWorkerMirroredStrategy()"))
 
+
+def _leave_torch_group() -> None:
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
