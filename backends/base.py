@@ -164,19 +164,13 @@ class Backend(abc.ABC):
     # -- replication.py (optional: supports_replication) ----------------------------------
 
     def replicas(self, devices: list[Device]) -> Any:
-        """Data parallelism over ``devices`` with the framework's own engine, as an object with:
-
-        - ``place_params(arrays)``: the arrays copied to every device;
-        - ``place_batch(x, y)``: the global batch split along axis 0 across the devices;
-        - ``weight(x)``, inside the step: this replica's rows / the global rows;
-        - ``sum(tree)``, inside the step: the sum over replicas (gradients, loss);
-        - ``compile(step)``: ``step`` run on every device, the first replica's results back.
-        """
+        """Data parallelism over ``devices`` with the framework's own engine: an
+        ``xdevice.training.replication.Replicas`` (the hooks a step uses are listed there)."""
         self.require("supports_replication", "data-parallel replication in one process")
 
     def process_replicas(self) -> Any:
-        """The same hooks as :meth:`replicas`, for one device per process across the processes
-        ``xdevice launch`` started (this process's rank takes its slice of each batch)."""
+        """The same hooks, for the processes ``xdevice launch`` started (each rank takes its
+        slice of every batch); joins the framework's process group first."""
         self.require("supports_processes", "training across processes started by xdevice launch")
 
     # -- shared behaviour ---------------------------------------------------------------

@@ -67,14 +67,20 @@ __all__ = [
     "memory_stats",
     "on",
     "parity",
+    "replicate",
     "to_device",
 ]
 
 
 def __getattr__(name: str):
-    """``fit`` and ``Trainer`` load the training package on first use, not at ``import xdevice``."""
+    """``fit``, ``Trainer`` and ``replicate`` load the training package on first use, not at
+    ``import xdevice``."""
     if name in ("fit", "Trainer"):
         from xdevice.training import trainer
 
         return getattr(trainer, name)
+    if name == "replicate":
+        from xdevice.training.replication import replicate
+
+        return replicate
     raise AttributeError(f"module 'xdevice' has no attribute {name!r}")

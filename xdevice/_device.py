@@ -105,6 +105,15 @@ class Device:
         return dataclasses.replace(self, **facts)
 
 
+def _jax_index(spec: Any) -> int:
+    """A JAX device's index among this process's devices of its kind (under ``jax.distributed``
+    ids run across processes: process 1's first CPU is ``id`` 2048 but ``cpu:0`` here)."""
+    import jax
+
+    local = jax.local_devices(backend=spec.platform)
+    return local.index(spec) if spec in local else spec.id
+
+
 def device(spec: Any) -> Device:
     """Parse any device spelling into a canonical :class:`Device` (kind and index only).
 
@@ -131,7 +140,7 @@ def device(spec: Any) -> Device:
     if module == "torch" and hasattr(spec, "type") and hasattr(spec, "index"):
         return _from_parts(spec.type, spec.index or 0, spec)
     if module in ("jax", "jaxlib") and hasattr(spec, "platform") and hasattr(spec, "id"):
-        return _from_parts(spec.platform, spec.id, spec)
+        return _from_parts(spec.platform, _jax_index(spec), spec)
     if hasattr(spec, "device_type") and hasattr(spec, "name"):  # TF Logical/PhysicalDevice
         return _parse_name(spec.name)
     raise DeviceNotFound(

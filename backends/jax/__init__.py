@@ -9,6 +9,7 @@ from xdevice.backends.jax.native import Native
 from xdevice.backends.jax.ops import JaxOps
 from xdevice.backends.jax.placement import Placement
 from xdevice.backends.jax.replication import Replication
+from xdevice.training.launch import join_launched_group
 
 __all__ = ["JaxBackend"]
 
@@ -20,4 +21,10 @@ class JaxBackend(Devices, Memory, Placement, Autodiff, Native, Export, Replicati
     supports_preallocation = True
     supports_virtual_devices = True
     supports_replication = True
+    supports_processes = True
     ops = JaxOps()
+
+    def __init__(self):
+        # jax.distributed.initialize must come before JAX's first computation, and xdevice
+        # computes nothing with JAX before this: join the processes xdevice launch started now
+        join_launched_group("jax")

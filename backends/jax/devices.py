@@ -28,15 +28,15 @@ class Devices:
         return bool(started()) if started is not None else False
 
     def list_devices(self) -> list[Device]:
-        native = list(jax.devices())
+        native = list(jax.local_devices())  # this process's (under jax.distributed, not the others')
         if native[0].platform != "cpu":
-            native += jax.devices("cpu")
+            native += jax.local_devices(backend="cpu")
         return [device(d).with_facts(name=d.device_kind if d.platform != "cpu" else "")
                 for d in native]
 
     def native_device(self, device: Device) -> jax.Device:
         platform = {"cpu": "cpu", "gpu": "gpu", "tpu": "tpu"}[device.kind]
-        return jax.devices(platform)[device.index]
+        return jax.local_devices(backend=platform)[device.index]
 
     def configure_devices(self, config: Config) -> list[Applied]:
         if config.cpu_devices is None:

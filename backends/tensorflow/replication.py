@@ -13,10 +13,12 @@ from typing import Any
 import tensorflow as tf
 
 from xdevice._device import Device
+from xdevice.training import replication
 
 
-class Replicas:
-    def __init__(self, devices: list[str]):
+class Replicas(replication.Replicas):
+    def __init__(self, backend: Any, devices: list[str]):
+        super().__init__(backend)
         # On CPUs, TF's collective all-reduce fails with an InternalError once a second
         # strategy is made in the process; reducing on one device works and CPUs lose
         # nothing by it. GPUs keep the default (NCCL).
@@ -60,4 +62,4 @@ def _sizes(rows: int, count: int) -> list[int]:
 
 class Replication:
     def replicas(self, devices: list[Device]) -> Replicas:
-        return Replicas([self.native_device(d) for d in devices])
+        return Replicas(self, [self.native_device(d) for d in devices])

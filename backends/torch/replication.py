@@ -1,27 +1,50 @@
-"""PyTorch data parallelism across processes: ``torch.distributed`` collectives (gloo on CPU,
-NCCL on GPU), one process per device, as ``xdevice launch`` or torchrun start them.
+"""PyTorch data parallelism across processes: ``DistributedDataParallel`` (gloo on CPU, NCCL on
+GPU), one process per device, as ``xdevice launch`` or torchrun start them.
 
-Each process takes its rank's slice of every global batch (all processes draw the same
-global batches: the order depends only on the seed), weighs its loss by its share of the
-rows, and the gradients are summed with ``all_reduce``: the average over the global batch,
-as ``DistributedDataParallel`` computes it. Parameters and buffers start as rank 0's
-(``broadcast``), as DDP does.
+Each process takes its rank's slice of every global batch (all processes draw the same global
+batches: the order depends only on the seed) and weighs its loss by its share of the rows.
+The gradient comes from DDP: the step's parameters are the ``nn.Parameter``s of a module DDP
+wraps, and DDP's reducer all-reduces gradient buckets while ``backward`` is still running.
+A communication hook sums the buckets instead of averaging them (the loss is already weighted,
+so the sum is the global batch's mean gradient, also with uneven slices). Parameters and
+buffers start as rank 0's (``broadcast``), as DDP's own constructor does.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
+from xdevice.training import replication
 
-class ProcessReplicas:
-    def __init__(self):
+
+class _Objective(torch.nn.Module):
+    """The module DDP wraps: it owns the parameters and evaluates any objective of them."""
+
+    def __init__(self, params: dict[str, Any]):
+        super().__init__()
+        self.names = list(params)
+        self.weights = torch.nn.ParameterList([torch.nn.Parameter(v.detach().clone()) for v in params.values()])
+
+    def forward(self, objective: Callable) -> Any:
+        return objective(dict(zip(self.names, self.weights)))
+
+
+def _sum_buckets(state, bucket):  # unannotated: DDP checks real annotations, and here they are strings
+    return dist.all_reduce(bucket.buffer(), async_op=True).get_future().then(lambda done: done.value()[0])
+
+
+class ProcessReplicas(replication.Replicas):
+    def __init__(self, backend: Any):
         from xdevice.training.launch import initialize
 
+        super().__init__(backend)
         initialize("torch")
         self.rank, self.count = dist.get_rank(), dist.get_world_size()
+        self.ddp = None
 
     def place_params(self, arrays: dict[str, Any]) -> dict[str, Any]:
         for value in arrays.values():
@@ -44,10 +67,34 @@ class ProcessReplicas:
         dist.all_reduce(total)
         return total
 
-    def compile(self, step):
+    def value_and_grad(self, objective: Callable, params: dict[str, Any]) -> tuple[tuple[Any, Any], dict[str, Any]]:
+        trained = {k: v for k, v in params.items() if v.is_floating_point()}
+        if self.ddp is None or self.ddp.module.names != list(trained):
+            self.ddp = torch.nn.parallel.DistributedDataParallel(_Objective(trained))
+            self.ddp.register_comm_hook(None, _sum_buckets)
+        weights = self.ddp.module.weights
+        with torch.no_grad():  # this step's values (the optimizer's update is pure)
+            for weight, value in zip(weights, trained.values()):
+                weight.copy_(value)
+                weight.grad = None
+        with torch.enable_grad():
+            value, aux = self.ddp(lambda p: objective({**params, **p}))
+            value.backward()
+        grads = {k: torch.zeros_like(v) for k, v in params.items()}
+        grads.update({k: torch.zeros_like(w) if w.grad is None else w.grad
+                      for k, w in zip(trained, weights)})
+        return (value.detach(), _detached(aux)), grads
+
+    def compile(self, step: Callable) -> Callable:
         return step
+
+
+def _detached(tree: Any) -> Any:
+    from xdevice.backends._common import map_leaves
+
+    return map_leaves(lambda v: v.detach() if isinstance(v, torch.Tensor) else v, tree)
 
 
 class Replication:
     def process_replicas(self) -> ProcessReplicas:
-        return ProcessReplicas()
+        return ProcessReplicas(self)

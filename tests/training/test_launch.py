@@ -23,7 +23,7 @@ SCRIPT = textwrap.dedent("""
     rng = np.random.default_rng(0)
     x = rng.normal(size=(96, 6)).astype("float32")
     y = (x[:, 0] > 0).astype("int64")
-    model = models.build("mlp", backend="torch", hidden=[16], inputs=6, classes=2, seed=0)
+    model = models.build("mlp", backend=sys.argv[2], hidden=[16], inputs=6, classes=2, seed=0)
     history = fit(model, (x, y), optimizer="adam", lr=0.01, epochs=2, batch_size=16, verbose=0)
     rank, size = world()
     params = {k: v.ravel().tolist() for k, v in model.numpy_params().items()}
@@ -57,24 +57,28 @@ def test_bad_flags_say_what_is_allowed():
         environments(0)
 
 
-def test_two_torch_processes_train_exactly_as_one(tmp_path):
-    pytest.importorskip("torch")
+@pytest.mark.parametrize("framework, processes", [("torch", 2), ("torch", 3), ("jax", 2)])
+def test_launched_processes_train_exactly_as_one(tmp_path, framework, processes):
+    """torch: DistributedDataParallel over gloo (3 processes: uneven slices of 16 rows);
+    JAX: jax.distributed with a Mesh over every process's CPU."""
+    pytest.importorskip(framework)
     script = tmp_path / "train.py"
     script.write_text(SCRIPT)
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
-    launched = subprocess.run([sys.executable, "-m", "xdevice", "launch", "--nproc-per-node", "2",
-                               "--master-port", str(free_port()), str(script), str(tmp_path)],
+    launched = subprocess.run([sys.executable, "-m", "xdevice", "launch", "--nproc-per-node", str(processes),
+                               "--master-port", str(free_port()), str(script), str(tmp_path), framework],
                               capture_output=True, text=True, env=env, timeout=300)
     assert launched.returncode == 0, launched.stderr[-2000:]
-    alone = subprocess.run([sys.executable, str(script), str(tmp_path)], capture_output=True, text=True,
+    alone = subprocess.run([sys.executable, str(script), str(tmp_path), framework], capture_output=True, text=True,
                            env=env, timeout=300)
     assert alone.returncode == 0, alone.stderr[-2000:]
     one = json.loads((tmp_path / "rank0of1.json").read_text())
-    for rank in (0, 1):
-        two = json.loads((tmp_path / f"rank{rank}of2.json").read_text())
-        np.testing.assert_allclose(two["steps"], one["steps"], rtol=1e-5, atol=1e-6)
+    assert len(one["steps"]) == 12
+    for rank in range(processes):
+        many = json.loads((tmp_path / f"rank{rank}of{processes}.json").read_text())
+        np.testing.assert_allclose(many["steps"], one["steps"], rtol=1e-5, atol=1e-6)
         for key, value in one["params"].items():
-            np.testing.assert_allclose(two["params"][key], value, rtol=1e-5, atol=1e-6, err_msg=key)
+            np.testing.assert_allclose(many["params"][key], value, rtol=1e-5, atol=1e-6, err_msg=key)
 
 
 def test_a_failing_process_stops_the_launch_with_its_exit_code(tmp_path):

@@ -4,7 +4,9 @@
 - ``programs.py``: zoo models, torch modules, Keras/tf.Module and JAX pairs seen the same way;
 - ``optimizers.py``: SGD, momentum, Adam, AdamW over the op set (PyTorch's math);
 - ``losses.py``: cross-entropy, MSE, accuracy; ``data.py``: batches and the prefetcher;
-- ``checkpoint.py``: safetensors + JSON; ``history.py``: history, progress, plot.
+- ``checkpoint.py``: safetensors + JSON; ``history.py``: history, progress, plot;
+- ``replication.py``: ``replicate`` and the hooks every backend's engine fills in;
+- ``launch.py``: ``xdevice launch`` and joining the launched processes' groups.
 
 Importing this package imports no framework.
 """
@@ -13,10 +15,11 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["SGD", "Adam", "AdamW", "Batches", "History", "Optimizer", "Trainer", "fit"]
+__all__ = ["SGD", "Adam", "AdamW", "Batches", "History", "Optimizer", "Replicas", "Trainer", "fit", "replicate"]
 
 _HOMES = {"Trainer": "trainer", "fit": "trainer", "SGD": "optimizers", "Adam": "optimizers",
-          "AdamW": "optimizers", "Optimizer": "optimizers", "Batches": "data", "History": "history"}
+          "AdamW": "optimizers", "Optimizer": "optimizers", "Batches": "data", "History": "history",
+          "Replicas": "replication", "replicate": "replication"}
 
 
 def __getattr__(name: str) -> Any:

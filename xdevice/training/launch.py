@@ -30,7 +30,7 @@ import time
 
 from xdevice._errors import ConfigurationError, message
 
-__all__ = ["environments", "initialize", "launch", "world"]
+__all__ = ["environments", "initialize", "join_launched_group", "launch", "world"]
 
 
 def environments(nproc_per_node: int, *, nnodes: int = 1, node_rank: int = 0, master_addr: str = "127.0.0.1",
@@ -107,12 +107,32 @@ def initialize(framework: str) -> None:
     elif framework == "jax":
         import jax
 
-        jax.distributed.initialize(os.environ["XDEVICE_COORDINATOR"], num_processes=size, process_id=rank)
+        if jax.distributed.is_initialized():
+            return
+        if "XDEVICE_COORDINATOR" not in os.environ:
+            raise ConfigurationError(message(
+                "JAX needs a coordinator address to join the other processes",
+                expected="XDEVICE_COORDINATOR=host:port (xdevice launch sets it)", received="unset",
+                fix="start the script with xdevice launch, or call jax.distributed.initialize(...) yourself"))
+        try:
+            jax.distributed.initialize(os.environ["XDEVICE_COORDINATOR"], num_processes=size, process_id=rank)
+        except RuntimeError as error:
+            raise ConfigurationError(message(
+                "JAX could not join the launched processes", received=str(error),
+                fix="use xdevice (or call xdevice.training.launch.initialize('jax')) before computing "
+                    "anything with JAX in a launched script")) from error
     else:
         raise ConfigurationError(message("No multi-process set-up for this framework", received=framework,
                                          choices=["torch", "jax"],
                                          fix="TensorFlow reads TF_CONFIG itself: make a "
                                              "tf.distribute.MultiWorkerMirroredStrategy()"))
+
+
+def join_launched_group(framework: str) -> None:
+    """:func:`initialize` ``framework`` if ``xdevice launch`` started this process (called when
+    xdevice first loads a backend whose group must be joined before its first computation)."""
+    if world()[1] > 1 and "XDEVICE_COORDINATOR" in os.environ:
+        initialize(framework)
 
 
 def _leave_torch_group() -> None:

@@ -26,15 +26,14 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from xdevice._discovery import find
 from xdevice._errors import ConfigurationError, message
 from xdevice.training import checkpoint
 from xdevice.training.data import Prefetcher, as_batches
 from xdevice.training.history import History, Progress
-from xdevice.training.launch import world
 from xdevice.training.losses import loss_function, metric_function
 from xdevice.training.optimizers import Optimizer, optimizer as make_optimizer
 from xdevice.training.programs import program
+from xdevice.training.replication import replicate
 
 __all__ = ["Trainer", "fit"]
 
@@ -70,24 +69,16 @@ class Trainer:
                         for i, m in enumerate(metrics)}
         self.optimizer = make_optimizer(optimizer, **optimizer_options)
         compile_ = self.backend.jit if jit else (lambda f: f)
-        self.replicas = self._replicas(devices, compile_)
+        self.replicas = replicate(devices, backend=self.backend.name)
         self.program.params = self.replicas.place_params(self.program.params)
         self.program.buffers = self.replicas.place_params(self.program.buffers)
         self.state = self._placed(self.optimizer.init(self.ops, self.program.params))
         self.step_count = self.epoch = self.batch = 0
         self.seed = 0
         self.history = History()
-        self._train = self.replicas.compile(self._train_step)
+        replicated = self.replicas.count > 1  # replicated steps are always compiled (strategy.run, Mesh)
+        self._train = self.replicas.compile(self._train_step) if jit or replicated else self._train_step
         self._evaluate = compile_(self._eval_step)
-
-    def _replicas(self, devices: Sequence[Any] | None, compile_: Callable) -> Any:
-        """One device; the devices of this process; or one device per launched process."""
-        if world()[1] > 1:  # started by xdevice launch (or torchrun)
-            return self.backend.process_replicas()
-        if devices is not None and len(devices) > 1:
-            self.backend.require("supports_replication", "data-parallel replication in one process")
-            return self.backend.replicas([find(d, backend=self.backend.name) for d in devices])
-        return _OneDevice(compile_)
 
     # -- the step, written once ---------------------------------------------------------
 
@@ -99,8 +90,8 @@ class Trainer:
             out, new_buffers = program.forward(p, buffers, x, True)
             return ops.multiply(self.loss(ops, out, y), weight), (new_buffers, out)
 
-        (loss, (buffers, out)), grads = self.backend.value_and_grad(objective, params, has_aux=True)
-        grads, loss = replicas.sum(grads), replicas.sum(loss)  # the global batch's mean gradient and loss
+        (loss, (buffers, out)), grads = replicas.value_and_grad(objective, params)  # the global batch's
+        loss = replicas.sum(loss)  # mean gradient and loss
         params, state = self.optimizer.update(ops, params, grads, state)
         metrics = {k: replicas.sum(ops.multiply(f(ops, out, y), weight)) for k, f in self.metrics.items()}
         return params, buffers, state, loss, metrics
@@ -205,7 +196,7 @@ class Trainer:
     def save(self, folder: str) -> None:
         """Write a checkpoint (safetensors + JSON) that :meth:`load` resumes exactly (with
         several processes, rank 0 writes it: every rank holds the same values)."""
-        if getattr(self.replicas, "rank", 0) != 0:
+        if self.replicas.rank != 0:
             return
         p, to_numpy = self.program, self.ops.to_numpy
         arrays = {**{f"param/{k}": to_numpy(v) for k, v in p.params.items()},
@@ -256,25 +247,6 @@ class Trainer:
 
     def _float(self, value: Any) -> float:
         return float(self.ops.to_numpy(value))
-
-
-class _OneDevice:
-    """The replication hooks for one device: nothing to split, sum or weigh."""
-
-    def __init__(self, compile_: Callable):
-        self.compile = compile_
-
-    def place_params(self, arrays: dict[str, Any]) -> dict[str, Any]:
-        return arrays
-
-    def place_batch(self, x: Any, y: Any) -> tuple[Any, Any]:
-        return x, y
-
-    def weight(self, x: Any) -> float:
-        return 1.0
-
-    def sum(self, tree: Any) -> Any:
-        return tree
 
 
 def fit(model: Any, data: Any, *, loss: str | Callable = "cross_entropy", optimizer: str | Optimizer = "adam",
