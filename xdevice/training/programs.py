@@ -26,13 +26,15 @@ from xdevice._device import Device
 from xdevice._discovery import find
 from xdevice._errors import ConfigurationError, message
 
-__all__ = ["Program", "program"]
+__all__ = ["Program", "program", "staged"]
 
 PRECISIONS = ("float32", "bfloat16")
 
 
 class Program:
     """Base: a zoo-style forward over ``backend``'s op set."""
+
+    compiles_whole = True  # the whole training step compiles as one program (jax.jit, tf.function)
 
     def __init__(self, backend: str, device: Device, params: dict, buffers: dict):
         self.backend = _registry.backend(backend)
@@ -57,6 +59,11 @@ class Program:
 
     def write_back(self) -> None:
         """Put ``self.params`` and ``self.buffers`` into the user's object."""
+
+    def device_for(self, name: str) -> Device | None:
+        """Where the array called ``name`` (a param, buffer or optimizer slot ``slot/param``)
+        lives; None: where it was made (an uncommitted scalar such as the step count)."""
+        return self.device
 
     def result(self) -> Any:
         """The trained object to hand back (the user's own, or a new JAX pair)."""
@@ -171,7 +178,9 @@ class _Jax(Program):
         import jax
 
         flat = _flatten(params)
-        where = device or find(next(iter(jax.tree_util.tree_leaves(params))).devices().pop(), backend="jax")
+        first = next(iter(jax.tree_util.tree_leaves(params)))  # numpy leaves: JAX's default device
+        where = device or find(first.devices().pop() if hasattr(first, "devices") else jax.local_devices()[0],
+                               backend="jax")
         backend = _registry.backend("jax")
         super().__init__("jax", where, {k: backend.to_device(backend.ops.asarray(v), where)
                                         for k, v in flat.items()}, {})
@@ -182,6 +191,121 @@ class _Jax(Program):
 
     def result(self) -> Any:
         return self.apply, _unflatten(self.params) if self.nested else dict(self.params)
+
+
+class _Stages(Program):
+    """A sequential model split layer-wise: stage ``i`` (its params, its forward) on device ``i``.
+
+    The activations cross to the next stage's device between stages (a differentiable copy in
+    every framework), and the outputs come back to the first device, where the batch and the
+    labels are. Each stage's forward is compiled on its own (``jax.jit`` cannot compile one
+    program over arrays committed to different devices); the whole step runs eagerly.
+    Params are named ``stage<i>/<name>``.
+    """
+
+    compiles_whole = False
+
+    def __init__(self, stages: list[Program]):
+        names = {p.backend.name for p in stages}
+        if len(names) != 1:
+            raise ConfigurationError(message("Every stage must come from the same framework",
+                                             received=sorted(names)))
+        self.stages = stages
+        super().__init__(stages[0].backend.name, stages[0].device,
+                         {f"stage{i}/{k}": v for i, p in enumerate(stages) for k, v in p.params.items()},
+                         {f"stage{i}/{k}": v for i, p in enumerate(stages) for k, v in p.buffers.items()})
+        self.forwards, self.whole = {}, None
+
+    def _part(self, tree: dict, i: int) -> dict:
+        prefix = f"stage{i}/"
+        return {k[len(prefix):]: v for k, v in tree.items() if k.startswith(prefix)}
+
+    def run(self, params, buffers, x, train):
+        new_buffers = {}
+        for i, stage in enumerate(self.stages):
+            if (i, train) not in self.forwards:
+                self.forwards[i, train] = self.backend.jit(lambda p, b, x, s=stage, t=train: s.run(p, b, x, t))
+            x = self.backend.to_device(x, stage.device)
+            x, b = self.forwards[i, train](self._part(params, i), self._part(buffers, i), x)
+            new_buffers.update({f"stage{i}/{k}": v for k, v in b.items()})
+        return self.backend.to_device(x, self.device), new_buffers
+
+    def device_for(self, name: str) -> Device | None:
+        for i, stage in enumerate(self.stages):
+            if f"stage{i}/" in name:
+                return stage.device
+        return None
+
+    def write_back(self) -> None:
+        for i, stage in enumerate(self.stages):
+            stage.params, stage.buffers = self._part(self.params, i), self._part(self.buffers, i)
+            stage.write_back()
+        self.params = {f"stage{i}/{k}": v for i, p in enumerate(self.stages) for k, v in p.params.items()}
+
+    def result(self) -> Any:
+        return self.whole if self.whole is not None else [stage.result() for stage in self.stages]
+
+
+def staged(model: Any, devices: list[Any]) -> Program:
+    """The :class:`_Stages` program of a sequential ``model`` over ``devices`` (one stage each):
+    a ``torch.nn.Sequential`` (split into contiguous runs of layers with about equal parameter
+    counts), or a list of stage models of one framework (torch modules, JAX ``(apply, params)``
+    pairs, Keras models / ``tf.Module`` s already built on their devices)."""
+    split_from = None
+    if not isinstance(model, list):
+        if _kind(model) != "torch" or not _is_sequential(model):
+            raise ConfigurationError(message(
+                "A layer-wise split needs a sequential model", received=type(model).__qualname__,
+                expected="a torch.nn.Sequential, or a list of stages (torch modules, JAX (apply, params) "
+                         "pairs, or Keras models built on their devices)",
+                fix="pass the model's stages as a list, one per device"))
+        split_from, model = model, _balanced(model, len(devices))
+    if len(model) != len(devices):
+        raise ConfigurationError(message("One device per stage", expected=f"{len(model)} devices",
+                                         received=f"{len(devices)}: {list(devices)}"))
+    result = _Stages([program(stage, where) for stage, where in zip(model, devices)])
+    for i, stage in enumerate(result.stages):
+        if isinstance(stage, _TensorFlow):  # TF places a variable when it is made, once
+            built = find(stage.variables[0].device or "cpu", backend="tensorflow")
+            if built != stage.device:
+                raise ConfigurationError(message(
+                    f"Stage {i}'s variables are not on its device", expected=str(stage.device),
+                    received=str(built), fix=f"build stage {i} under tf.device('{stage.device}')"))
+    if split_from is not None:  # the user's Sequential, now across devices, still runs as one
+        for stage in result.stages:
+            _move_inputs(stage.module[0], stage.backend.native_device(stage.device))
+        result.whole = split_from
+    return result
+
+
+def _move_inputs(layer: Any, device: Any) -> None:
+    layer.register_forward_pre_hook(lambda module, args: tuple(a.to(device) for a in args))
+
+
+def _is_sequential(module: Any) -> bool:
+    import torch
+
+    return isinstance(module, torch.nn.Sequential)
+
+
+def _balanced(sequential: Any, count: int) -> list:
+    """``count`` contiguous runs of ``sequential``'s layers, each cut where the running parameter
+    count comes nearest ``i/count`` of the total (the layers stay the user's own modules)."""
+    import torch
+
+    layers = list(sequential)
+    if len(layers) < count:
+        raise ConfigurationError(message("More stages than layers", expected=f"at most {len(layers)} stages",
+                                         received=count))
+    sizes = [sum(p.numel() for p in layer.parameters()) for layer in layers]
+    before = [sum(sizes[:i]) for i in range(len(layers) + 1)]  # parameters before layer i
+    cuts = [0]
+    for stage in range(1, count):
+        first, last = cuts[-1] + 1, len(layers) - (count - stage)  # each stage keeps a layer
+        target = before[-1] * stage / count  # nearest cut; on a tie the later one (a ReLU stays with its layer)
+        cuts.append(min(range(first, last + 1), key=lambda i: (abs(before[i] - target), -i)))
+    bounds = [*cuts, len(layers)]
+    return [torch.nn.Sequential(*layers[a:b]) for a, b in zip(bounds, bounds[1:])]
 
 
 def program(model: Any, device: Any = None) -> Program:

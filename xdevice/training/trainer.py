@@ -32,7 +32,7 @@ from xdevice.training.data import Prefetcher, as_batches
 from xdevice.training.history import History, Progress
 from xdevice.training.losses import loss_function, metric_function
 from xdevice.training.optimizers import Optimizer, optimizer as make_optimizer
-from xdevice.training.programs import program
+from xdevice.training.programs import program, staged
 from xdevice.training.replication import replicate
 
 __all__ = ["Trainer", "fit"]
@@ -48,17 +48,23 @@ class Trainer:
         devices: train data-parallel over these devices with the framework's own engine
             (JAX ``Mesh`` + ``NamedSharding``, TensorFlow ``MirroredStrategy``): the global
             batch is split across them and the gradients are averaged.
+        stages: split a sequential model layer-wise, stage ``i`` on ``stages[i]``, for models
+            that do not fit one device: a ``torch.nn.Sequential`` (cut into runs of about equal
+            parameter counts) or a list of stage models (see ``programs.staged``).
         precision: ``"float32"``, or ``"bfloat16"`` compute with float32 master weights.
         metrics: names or ``f(ops, outputs, targets)``; reported per epoch.
         jit: compile the step (JAX, TensorFlow).
     """
 
     def __init__(self, model: Any, loss: str | Callable = "cross_entropy", optimizer: str | Optimizer = "adam",
-                 *, device: Any = None, devices: Sequence[Any] | None = None, precision: str = "float32",
+                 *, device: Any = None, devices: Sequence[Any] | None = None,
+                 stages: Sequence[Any] | None = None, precision: str = "float32",
                  metrics: Sequence[str | Callable] = ("accuracy",), jit: bool = True, **optimizer_options: Any):
-        if devices is not None and device is not None:
-            raise ConfigurationError(message("Pass device= or devices=, not both", received=(device, devices)))
-        self.program = program(model, devices[0] if devices else device)
+        chosen = {k: v for k, v in (("device", device), ("devices", devices), ("stages", stages)) if v is not None}
+        if len(chosen) > 1:
+            raise ConfigurationError(message("Pass one of device=, devices= (data parallel) or stages= "
+                                             "(model parallel)", received=chosen))
+        self.program = staged(model, list(stages)) if stages else program(model, devices[0] if devices else device)
         self.program.set_precision(precision)
         self.backend, self.ops = self.program.backend, self.program.ops
         self.loss_name = loss if isinstance(loss, str) else getattr(loss, "__name__", "loss")
@@ -68,7 +74,7 @@ class Trainer:
         self.metrics = {m if isinstance(m, str) else getattr(m, "__name__", f"metric{i}"): metric_function(m)
                         for i, m in enumerate(metrics)}
         self.optimizer = make_optimizer(optimizer, **optimizer_options)
-        compile_ = self.backend.jit if jit else (lambda f: f)
+        compile_ = self.backend.jit if jit and self.program.compiles_whole else (lambda f: f)
         self.replicas = replicate(devices, backend=self.backend.name)
         self.program.params = self.replicas.place_params(self.program.params)
         self.program.buffers = self.replicas.place_params(self.program.buffers)
@@ -77,6 +83,7 @@ class Trainer:
         self.seed = 0
         self.history = History()
         replicated = self.replicas.count > 1  # replicated steps are always compiled (strategy.run, Mesh)
+        jit = jit and self.program.compiles_whole
         self._train = self.replicas.compile(self._train_step) if jit or replicated else self._train_step
         self._evaluate = compile_(self._eval_step)
 
@@ -242,7 +249,11 @@ class Trainer:
         return tuple(self.backend.to_device(self.ops.asarray(v), self.program.device) for v in batch)
 
     def _placed(self, arrays: dict[str, Any]) -> dict[str, Any]:
-        placed = {k: self.backend.to_device(self.ops.asarray(v), self.program.device) for k, v in arrays.items()}
+        placed = {}
+        for name, value in arrays.items():
+            where = self.program.device_for(name)
+            placed[name] = self.ops.asarray(value) if where is None else self.backend.to_device(
+                self.ops.asarray(value), where)
         return self.replicas.place_params(placed)
 
     def _float(self, value: Any) -> float:
@@ -250,7 +261,8 @@ class Trainer:
 
 
 def fit(model: Any, data: Any, *, loss: str | Callable = "cross_entropy", optimizer: str | Optimizer = "adam",
-        epochs: int = 1, device: Any = None, devices: Sequence[Any] | None = None, precision: str = "float32",
+        epochs: int = 1, device: Any = None, devices: Sequence[Any] | None = None,
+        stages: Sequence[Any] | None = None, precision: str = "float32",
         metrics: Sequence[str | Callable] = ("accuracy",), **options: Any) -> History:
     """Train ``model`` on ``data`` for ``epochs``; see :class:`Trainer` and :meth:`Trainer.fit`.
 
@@ -260,6 +272,6 @@ def fit(model: Any, data: Any, *, loss: str | Callable = "cross_entropy", optimi
     fit_keys = set(inspect.signature(Trainer.fit).parameters) - {"self", "data", "epochs"}
     fit_options = {k: v for k, v in options.items() if k in fit_keys}
     optimizer_options = {k: v for k, v in options.items() if k not in fit_keys}
-    trainer = Trainer(model, loss, optimizer, device=device, devices=devices, precision=precision, metrics=metrics,
-                      **optimizer_options)
+    trainer = Trainer(model, loss, optimizer, device=device, devices=devices, stages=stages, precision=precision,
+                      metrics=metrics, **optimizer_options)
     return trainer.fit(data, epochs, **fit_options)
