@@ -9,6 +9,7 @@ from xdevice.backends.tensorflow.native import Native
 from xdevice.backends.tensorflow.ops import TensorflowOps
 from xdevice.backends.tensorflow.placement import Placement
 from xdevice.backends.tensorflow.replication import Replication
+from xdevice.training.launch import join_launched_group
 
 __all__ = ["TensorflowBackend"]
 
@@ -20,4 +21,10 @@ class TensorflowBackend(Devices, Memory, Placement, Autodiff, Native, Export, Re
     supports_preallocation = True
     supports_virtual_devices = True
     supports_replication = True
+    supports_processes = True
     ops = TensorflowOps()
+
+    def __init__(self):
+        # MultiWorkerMirroredStrategy configures TF's collectives, which must precede the first
+        # computation: join the workers xdevice launch started now
+        join_launched_group("tensorflow")

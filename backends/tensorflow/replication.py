@@ -1,4 +1,5 @@
-"""TensorFlow data parallelism: ``tf.distribute.MirroredStrategy`` over the devices.
+"""TensorFlow data parallelism: ``tf.distribute.MirroredStrategy`` over the devices, or
+``MultiWorkerMirroredStrategy`` over the workers ``xdevice launch`` started (``TF_CONFIG``).
 
 The step runs once per replica under ``strategy.run`` on that replica's slice of the batch;
 each replica's loss is weighted by its share of the global rows, and the gradients are
@@ -17,20 +18,18 @@ from xdevice.training import replication
 
 
 class Replicas(replication.Replicas):
-    def __init__(self, backend: Any, devices: list[str]):
+    def __init__(self, backend: Any, strategy: tf.distribute.Strategy):
         super().__init__(backend)
-        # On CPUs, TF's collective all-reduce fails with an InternalError once a second
-        # strategy is made in the process; reducing on one device works and CPUs lose
-        # nothing by it. GPUs keep the default (NCCL).
-        on_cpu = all(d.upper().startswith("/CPU") for d in devices)
-        reduce = tf.distribute.ReductionToOneDevice() if on_cpu else None
-        self.strategy = tf.distribute.MirroredStrategy(devices, cross_device_ops=reduce)
-        self.count = len(devices)
+        self.strategy = strategy
+        self.count = strategy.num_replicas_in_sync
+        resolver = strategy.cluster_resolver
+        self.rank = resolver.task_id if resolver is not None and resolver.task_type else 0
 
     def place_params(self, arrays: dict[str, Any]) -> dict[str, Any]:
         return arrays  # plain tensors: strategy.run hands them to every replica
 
     def place_batch(self, x: Any, y: Any) -> tuple[Any, Any]:
+        # every worker holds the global batch; replica ids count across workers
         xs, ys = tf.split(x, _sizes(int(x.shape[0]), self.count)), tf.split(y, _sizes(int(y.shape[0]), self.count))
         values = self.strategy.experimental_distribute_values_from_function
         return (values(lambda context: xs[context.replica_id_in_sync_group]),
@@ -62,4 +61,15 @@ def _sizes(rows: int, count: int) -> list[int]:
 
 class Replication:
     def replicas(self, devices: list[Device]) -> Replicas:
-        return Replicas(self, [self.native_device(d) for d in devices])
+        names = [self.native_device(d) for d in devices]
+        # On CPUs, TF's collective all-reduce fails with an InternalError once a second
+        # strategy is made in the process; reducing on one device works and CPUs lose
+        # nothing by it. GPUs keep the default (NCCL).
+        on_cpu = all(d.upper().startswith("/CPU") for d in names)
+        reduce = tf.distribute.ReductionToOneDevice() if on_cpu else None
+        return Replicas(self, tf.distribute.MirroredStrategy(names, cross_device_ops=reduce))
+
+    def process_replicas(self) -> Replicas:
+        from xdevice.training.launch import initialize
+
+        return Replicas(self, initialize("tensorflow"))

@@ -1,4 +1,4 @@
-"""xdevice launch: one set of flags, every framework's environment; torch trains across processes."""
+"""xdevice launch: one set of flags, every framework's environment; every framework trains across processes."""
 
 from __future__ import annotations
 
@@ -48,6 +48,10 @@ def test_every_framework_gets_its_environment_from_the_same_flags():
     config = json.loads(single[1]["TF_CONFIG"])
     assert config == {"cluster": {"worker": ["127.0.0.1:4002", "127.0.0.1:4003"]},
                       "task": {"type": "worker", "index": 1}}
+    assert "CUDA_VISIBLE_DEVICES" not in single[0]
+    one_each = environments(2, gpus=[3, 1, 0])  # the visible GPUs, in CUDA's order
+    assert [e["CUDA_VISIBLE_DEVICES"] for e in one_each] == ["3", "1"]
+    assert "CUDA_VISIBLE_DEVICES" not in environments(3, gpus=[0, 1])[0]  # too few: they share
 
 
 def test_bad_flags_say_what_is_allowed():
@@ -57,10 +61,11 @@ def test_bad_flags_say_what_is_allowed():
         environments(0)
 
 
-@pytest.mark.parametrize("framework, processes", [("torch", 2), ("torch", 3), ("jax", 2)])
+@pytest.mark.parametrize("framework, processes", [("torch", 2), ("torch", 3), ("jax", 2), ("tensorflow", 2)])
 def test_launched_processes_train_exactly_as_one(tmp_path, framework, processes):
     """torch: DistributedDataParallel over gloo (3 processes: uneven slices of 16 rows);
-    JAX: jax.distributed with a Mesh over every process's CPU."""
+    JAX: jax.distributed with a Mesh over every process's CPU; TensorFlow:
+    MultiWorkerMirroredStrategy from TF_CONFIG (ring all-reduce over gRPC)."""
     pytest.importorskip(framework)
     script = tmp_path / "train.py"
     script.write_text(SCRIPT)

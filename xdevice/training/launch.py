@@ -11,8 +11,14 @@ distributed engine reads:
   ``MASTER_ADDR:MASTER_PORT+2+rank``. Only for one node: TF needs every worker's address,
   and with several nodes only the master's is known, so ``TF_CONFIG`` is left unset there.
 
-Decisions: ranks are ``node_rank * nproc_per_node + local_rank``; if any process fails,
-the others on this node are stopped and its exit code is returned.
+In the launched process, xdevice joins JAX's and TensorFlow's groups when it first loads
+their backend (both must be joined before the framework's first computation), and torch's
+when a trainer first needs it. :func:`initialize` does it by hand.
+
+Decisions: ranks are ``node_rank * nproc_per_node + local_rank``; with a GPU per process,
+process ``i`` sees only the ``i``-th visible GPU (``CUDA_VISIBLE_DEVICES``), as its ``gpu:0``:
+one device per process is what DDP, ``jax.distributed`` and MultiWorkerMirroredStrategy
+expect; if any process fails, the others on this node are stopped and its exit code is returned.
 
 >>> environments(2, master_port=29500)[1]["RANK"]
 '1'
@@ -27,6 +33,7 @@ import signal
 import subprocess
 import sys
 import time
+from typing import Any
 
 from xdevice._errors import ConfigurationError, message
 
@@ -34,8 +41,9 @@ __all__ = ["environments", "initialize", "join_launched_group", "launch", "world
 
 
 def environments(nproc_per_node: int, *, nnodes: int = 1, node_rank: int = 0, master_addr: str = "127.0.0.1",
-                 master_port: int = 29500) -> list[dict[str, str]]:
-    """The environment of each process this node starts (see the module docstring)."""
+                 master_port: int = 29500, gpus: list[int] | None = None) -> list[dict[str, str]]:
+    """The environment of each process this node starts (see the module docstring); with at
+    least one of ``gpus`` (physical indices) per process, process ``i`` sees only ``gpus[i]``."""
     for name, value, low in (("nproc_per_node", nproc_per_node, 1), ("nnodes", nnodes, 1),
                              ("node_rank", node_rank, 0), ("master_port", master_port, 1)):
         if not isinstance(value, int) or value < low:
@@ -54,14 +62,19 @@ def environments(nproc_per_node: int, *, nnodes: int = 1, node_rank: int = 0, ma
         if nnodes == 1:
             workers = [f"{master_addr}:{master_port + 2 + i}" for i in range(world_size)]
             env["TF_CONFIG"] = json.dumps({"cluster": {"worker": workers}, "task": {"type": "worker", "index": rank}})
+        if gpus and len(gpus) >= nproc_per_node:
+            env["CUDA_VISIBLE_DEVICES"] = str(gpus[local])
         envs.append(env)
     return envs
 
 
 def launch(script: str, args: list[str], nproc_per_node: int, **options) -> int:
     """Run ``python script args...`` in ``nproc_per_node`` processes; the first failure's exit code."""
+    from xdevice._discovery import nvml_physical_gpus, visible_gpu_indices
+
+    gpus = visible_gpu_indices([uuid for uuid, _ in nvml_physical_gpus()])
     processes = [subprocess.Popen([sys.executable, script, *args], env={**os.environ, **env})
-                 for env in environments(nproc_per_node, **options)]
+                 for env in environments(nproc_per_node, gpus=gpus, **options)]
     try:
         while True:
             codes = [p.poll() for p in processes]
@@ -90,8 +103,13 @@ def world() -> tuple[int, int]:
     return int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
 
 
-def initialize(framework: str) -> None:
-    """Join the process group of ``framework`` from the launcher's environment (idempotent)."""
+_tf_strategy = None
+
+
+def initialize(framework: str) -> Any:
+    """Join the process group of ``framework`` from the launcher's environment (idempotent).
+    For TensorFlow, returns the process's one ``MultiWorkerMirroredStrategy``."""
+    global _tf_strategy
     rank, size = world()
     if framework == "torch":
         import torch.distributed as dist
@@ -121,17 +139,31 @@ def initialize(framework: str) -> None:
                 "JAX could not join the launched processes", received=str(error),
                 fix="use xdevice (or call xdevice.training.launch.initialize('jax')) before computing "
                     "anything with JAX in a launched script")) from error
+    elif framework == "tensorflow":
+        if _tf_strategy is None:
+            if "TF_CONFIG" not in os.environ:
+                raise ConfigurationError(message(
+                    "TensorFlow needs TF_CONFIG to join the other workers", received="TF_CONFIG unset",
+                    fix="xdevice launch sets it for one node; with several nodes write each worker's TF_CONFIG"))
+            import tensorflow as tf
+
+            kinds = tf.distribute.experimental.CommunicationImplementation  # RING: gRPC, for CPUs
+            gpus = bool(tf.config.list_physical_devices("GPU"))
+            options = tf.distribute.experimental.CommunicationOptions(
+                implementation=kinds.NCCL if gpus else kinds.RING)
+            _tf_strategy = tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)
+        return _tf_strategy
     else:
         raise ConfigurationError(message("No multi-process set-up for this framework", received=framework,
-                                         choices=["torch", "jax"],
-                                         fix="TensorFlow reads TF_CONFIG itself: make a "
-                                             "tf.distribute.MultiWorkerMirroredStrategy()"))
+                                         choices=["torch", "jax", "tensorflow"]))
+    return None
 
 
 def join_launched_group(framework: str) -> None:
     """:func:`initialize` ``framework`` if ``xdevice launch`` started this process (called when
     xdevice first loads a backend whose group must be joined before its first computation)."""
-    if world()[1] > 1 and "XDEVICE_COORDINATOR" in os.environ:
+    if world()[1] > 1 and "XDEVICE_COORDINATOR" in os.environ and (framework != "tensorflow" or
+                                                                   "TF_CONFIG" in os.environ):
         initialize(framework)
 
 
