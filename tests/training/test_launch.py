@@ -94,3 +94,15 @@ def test_a_failing_process_stops_the_launch_with_its_exit_code(tmp_path):
     launched = subprocess.run([sys.executable, "-m", "xdevice", "launch", "--nproc-per-node", "2", str(script)],
                               capture_output=True, text=True, timeout=60)
     assert launched.returncode == 3
+
+
+def test_a_process_that_ignores_sigterm_is_killed_after_the_grace_period(tmp_path):
+    """As a TensorFlow worker waiting for its peers does: the launch still ends, with rank 1's code."""
+    script = tmp_path / "stubborn.py"
+    script.write_text("import os, signal, sys, time\n"
+                      "if os.environ['RANK'] == '1':\n    time.sleep(1)\n    sys.exit(4)\n"
+                      "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+                      "time.sleep(120)\n")
+    launched = subprocess.run([sys.executable, "-m", "xdevice", "launch", "--nproc-per-node", "2", str(script)],
+                              capture_output=True, text=True, timeout=60)
+    assert launched.returncode == 4

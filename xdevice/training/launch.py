@@ -32,6 +32,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from typing import Any
 
@@ -80,21 +81,29 @@ def launch(script: str, args: list[str], nproc_per_node: int, **options) -> int:
             codes = [p.poll() for p in processes]
             failed = [c for c in codes if c not in (None, 0)]
             if failed:
-                for p in processes:
-                    if p.poll() is None:
-                        p.send_signal(signal.SIGTERM)
-                for p in processes:
-                    p.wait(30)
+                _stop(processes, signal.SIGTERM)
                 return failed[0]
             if all(c == 0 for c in codes):
                 return 0
             time.sleep(0.05)
     except KeyboardInterrupt:
-        for p in processes:
-            p.send_signal(signal.SIGINT)
-        for p in processes:
-            p.wait(30)
+        _stop(processes, signal.SIGINT)
         return 130
+
+
+def _stop(processes: list[subprocess.Popen], how: int, grace: float = 10.0) -> None:
+    """Signal the processes still running; kill those that outlive ``grace`` seconds (a
+    TensorFlow worker waiting for its peers ignores SIGTERM and SIGINT)."""
+    for p in processes:
+        if p.poll() is None:
+            p.send_signal(how)
+    deadline = time.monotonic() + grace
+    for p in processes:
+        try:
+            p.wait(max(deadline - time.monotonic(), 0.1))
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
 
 
 def world() -> tuple[int, int]:
@@ -152,6 +161,8 @@ def initialize(framework: str) -> Any:
             options = tf.distribute.experimental.CommunicationOptions(
                 implementation=kinds.NCCL if gpus else kinds.RING)
             _tf_strategy = tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)
+            if threading.current_thread() is threading.main_thread():
+                signal.signal(signal.SIGTERM, signal.SIG_DFL)  # TF's own handler swallows SIGTERM
         return _tf_strategy
     else:
         raise ConfigurationError(message("No multi-process set-up for this framework", received=framework,
