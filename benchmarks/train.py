@@ -22,7 +22,9 @@
    step's own threads also want) and sleeping (a stand-in for reading from disk: it needs none).
 4. With several GPUs: rows/s on 1 GPU against all of them, data-parallel in one process
    (``fit(..., devices=[...])``: JAX's mesh, TensorFlow's ``MirroredStrategy``), ``--batch``
-   rows per device; otherwise one line saying so.
+   rows per device; otherwise one line saying so. ``--scaling-on cpu`` runs the same path
+   over ``--cpu-devices`` virtual CPUs (they share the cores: it shows the path works, not
+   a speed-up). ``--parts`` picks the measurements.
 
 The numpy reference backend is slow (about a second a step for the resnet on two cores), so
 ``--max-seconds`` bounds each cell, and it has no native loop to compare with; input stalls
@@ -30,13 +32,13 @@ are measured on the first other backend. Run:
 
     .venv/bin/python benchmarks/train.py [--models cnn lstm] [--backends torch jax] [--steps 30]
                                          [--batch 64] [--warmup 3] [--max-seconds 10]
+                                         [--parts speed stalls scaling] [--scaling-on cpu --cpu-devices 2]
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib.util
-import inspect
 import statistics
 import time
 
@@ -196,23 +198,21 @@ def stalls(name: str, backend: str, device: str, batch: int, step_seconds: float
                   f"{last['seconds']:>8.2f}", flush=True)
 
 
-def scaling(names: list[str], backends: list[str], batch: int, warmup: int, steps: int, budget: float) -> None:
-    """1 GPU against all of them, data-parallel in one process, ``batch`` rows per device."""
-    gpus = xdevice.devices(kind="gpu")
-    if len(gpus) < 2:
-        print(f"\nscaling: this machine has {len(gpus) or 'no'} GPU{'' if len(gpus) == 1 else 's'}; "
-              "1 vs N device scaling needs at least two")
-        return
-    if not any("devices" in inspect.signature(f).parameters for f in (xdevice.fit, Trainer)):
-        print(f"\nscaling: {len(gpus)} GPUs, but xdevice.fit takes no devices= (no data parallelism); skipped")
-        return
-    print(f"\nscaling over {len(gpus)} GPUs in one process (fit(..., devices=[...])), {batch} rows per device:")
+def scaling(names: list[str], backends: list[str], batch: int, warmup: int, steps: int, budget: float,
+            kind: str = "gpu") -> None:
+    """1 device against all of them (``kind``: GPUs, or virtual CPUs to try the path without
+    GPUs), data-parallel in one process, ``batch`` rows per device."""
+    print(f"\nscaling over {kind} devices in one process (fit(..., devices=[...])), {batch} rows per device:")
     print(f"{'model':<12} {'backend':<11} {'devices':>7} {'steps/s':>8} {'rows/s':>9} {'speed-up':>9}")
     for backend in backends:
-        found = xdevice.devices(kind="gpu", backend=backend) if backend != "numpy" else []
-        if backend == "torch":
-            print(f"{'':<12} {backend:<11} trains data-parallel across processes (xdevice launch); not measured here")
-        if not xdevice.backend(backend).supports_replication or len(found) < 2:
+        found = xdevice.devices(kind=kind, backend=backend) if backend != "numpy" else []
+        engine = xdevice.backend(backend)
+        if not engine.supports_replication:
+            print(f"{'':<12} {backend:<11} " + ("replicates across processes only (xdevice launch); not measured here"
+                                                 if engine.supports_processes else "does not replicate"))
+            continue
+        if len(found) < 2:
+            print(f"{'':<12} {backend:<11} {len(found)} {kind} device(s): 1 vs N scaling needs at least two")
             continue
         for name in names:
             rates = {}
@@ -236,17 +236,25 @@ def main() -> None:
     parser.add_argument("--max-seconds", type=float, default=10.0, help="stop timing a cell after this long")
     parser.add_argument("--stall-model", default="cnn", choices=models.NAMES)
     parser.add_argument("--device", default="cpu", help="where to train (default cpu)")
+    parser.add_argument("--parts", nargs="+", default=["speed", "stalls", "scaling"],
+                        choices=["speed", "stalls", "scaling"], help="which measurements to run")
+    parser.add_argument("--scaling-on", default="gpu", choices=["gpu", "cpu"],
+                        help="cpu: scale over --cpu-devices virtual CPUs (tries the path; no speed-up to expect)")
+    parser.add_argument("--cpu-devices", type=int, default=2)
     args = parser.parse_args()
+    if args.scaling_on == "cpu":
+        xdevice.configure(cpu_devices=args.cpu_devices)
 
     installed = [b for b in args.backends if b == "numpy" or importlib.util.find_spec(b) is not None]
     skipped = sorted(set(args.backends) - set(installed))
-    print(f"training steps/s at batch {args.batch}, Adam lr {LR}, on {args.device}; median of up to {args.steps} "
-          f"timed steps after {args.warmup} warm-up steps" + (f"; not installed: {', '.join(skipped)}" if skipped
-                                                                 else ""))
-    print("ratio = xdevice steps/s / native steps/s, measured in turns; ms = median step time")
-    print(f"{'model':<12} {'backend':<11} {'xdevice/s':>10} {'native/s':>9} {'ratio':>6}  "
-          f"{'xdevice ms':>10} {'native ms':>9}")
-    for name in args.models:
+    if "speed" in args.parts:
+        print(f"training steps/s at batch {args.batch}, Adam lr {LR}, on {args.device}; median of up to {args.steps} "
+              f"timed steps after {args.warmup} warm-up steps" + (f"; not installed: {', '.join(skipped)}" if skipped
+                                                                     else ""))
+        print("ratio = xdevice steps/s / native steps/s, measured in turns; ms = median step time")
+        print(f"{'model':<12} {'backend':<11} {'xdevice/s':>10} {'native/s':>9} {'ratio':>6}  "
+              f"{'xdevice ms':>10} {'native ms':>9}")
+    for name in args.models if "speed" in args.parts else []:
         for backend in installed:
             model = models.build(name, backend=backend, device=args.device, seed=0)
             x, y = batch_for(model, args.batch)
@@ -261,14 +269,16 @@ def main() -> None:
                      if native else f"{'-':>9} {'-':>6}  {ours * 1e3:>10.2f} {'-':>9}")
             print(f"{name:<12} {backend:<11} {1 / ours:>10.1f} {shown}", flush=True)
 
-    stall_backend = next((b for b in installed if b != "numpy"), installed[0])
-    model = models.build(args.stall_model, backend=stall_backend, device=args.device, seed=0)
-    trainer = Trainer(model, "cross_entropy", "adam", lr=LR)
-    x, y = batch_for(model, args.batch)
-    # the step time now (not the table's: load from elsewhere may have changed), to match the source to it
-    (step_seconds,) = timed(lambda: trainer.step(x, y), warmup=args.warmup, steps=10, budget=args.max_seconds)
-    stalls(args.stall_model, stall_backend, args.device, args.batch, step_seconds)
-    scaling(args.models, installed, args.batch, args.warmup, args.steps, args.max_seconds)
+    if "stalls" in args.parts:
+        stall_backend = next((b for b in installed if b != "numpy"), installed[0])
+        model = models.build(args.stall_model, backend=stall_backend, device=args.device, seed=0)
+        trainer = Trainer(model, "cross_entropy", "adam", lr=LR)
+        x, y = batch_for(model, args.batch)
+        # the step time now (not the table's: load from elsewhere may have changed), to match the source to it
+        (step_seconds,) = timed(lambda: trainer.step(x, y), warmup=args.warmup, steps=10, budget=args.max_seconds)
+        stalls(args.stall_model, stall_backend, args.device, args.batch, step_seconds)
+    if "scaling" in args.parts:
+        scaling(args.models, installed, args.batch, args.warmup, args.steps, args.max_seconds, args.scaling_on)
 
 
 if __name__ == "__main__":

@@ -26,3 +26,17 @@ def test_train_anywhere_trains_exports_and_matches_onnx_runtime(framework):
     assert float(error.group(1)) < 1e-4
     first, last = map(float, re.search(r"loss (\S+) -> (\S+) ", done.stdout).groups())
     assert last < first  # it trained
+
+
+@pytest.mark.slow
+def test_the_scaling_benchmark_runs_its_one_vs_n_path_on_virtual_cpus():
+    """The path a multi-GPU machine takes, on 2 virtual CPUs: a row for 1 and for 2 devices."""
+    pytest.importorskip("jax")
+    script = Path(__file__).parents[2] / "benchmarks" / "train.py"
+    done = subprocess.run([sys.executable, str(script), "--parts", "scaling", "--scaling-on", "cpu",
+                           "--models", "mlp", "--backends", "jax", "--steps", "3", "--warmup", "1"],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    rows = re.findall(r"^mlp\s+jax\s+(\d)\s+[\d.]+\s+\d+\s+([\d.]+)x$", done.stdout, re.M)
+    assert [count for count, _ in rows] == ["1", "2"], done.stdout
+    assert rows[0][1] == "1.00"
