@@ -4,7 +4,8 @@
 The step runs once per replica under ``strategy.run`` on that replica's slice of the batch;
 each replica's loss is weighted by its share of the global rows, and the gradients are
 summed across replicas with the replica context's ``all_reduce`` (the strategy's own
-collective), so every replica applies the same update to the same params.
+collective), so every replica applies the same update to the same params. Across workers the params
+start as worker 0's (DDP's rule; a Keras model's initial weights are drawn per worker).
 """
 
 from __future__ import annotations
@@ -26,7 +27,28 @@ class Replicas(replication.Replicas):
         self.rank = resolver.task_id if resolver is not None and resolver.task_type else 0
 
     def place_params(self, arrays: dict[str, Any]) -> dict[str, Any]:
+        if arrays and self.strategy.extended._in_multi_worker_mode():  # noqa: SLF001 - no public flag
+            # every worker starts from worker 0's values (a Keras model's initial weights are
+            # drawn per worker unless seeded), as DDP broadcasts rank 0's: a sum in which the
+            # other workers contribute zeros
+            first = self.rank == 0
+            mine = {k: tf.convert_to_tensor(v) if first else tf.zeros_like(v) for k, v in arrays.items()}
+            summed = {k: self.strategy.experimental_local_results(v)[0]
+                      for k, v in self._sum_over_workers(mine).items()}
+            for key, value in arrays.items():
+                if isinstance(value, tf.Variable):  # a Keras model's own variables stay its params
+                    value.assign(summed[key])
+                    summed[key] = value
+            return summed
         return arrays  # plain tensors: strategy.run hands them to every replica
+
+    @tf.function
+    def _sum_over_workers(self, values: dict[str, Any]) -> dict[str, Any]:
+        def total(v):  # one by one: a batched all-reduce packs mixed dtypes into one tensor and fails;
+            context = tf.distribute.get_replica_context()  # tf.identity: the inputs themselves have no
+            return {k: context.all_reduce("sum", tf.identity(x)) for k, x in v.items()}  # device to reduce to
+
+        return self.strategy.run(total, args=(values,))
 
     def place_batch(self, x: Any, y: Any) -> tuple[Any, Any]:
         # every worker holds the global batch; replica ids count across workers

@@ -106,3 +106,42 @@ def test_a_process_that_ignores_sigterm_is_killed_after_the_grace_period(tmp_pat
     launched = subprocess.run([sys.executable, "-m", "xdevice", "launch", "--nproc-per-node", "2", str(script)],
                               capture_output=True, text=True, timeout=60)
     assert launched.returncode == 4
+
+
+UNSEEDED = textwrap.dedent("""
+    import json, sys
+    import numpy as np
+    import xdevice
+    from xdevice import fit
+    from xdevice.training.launch import world
+    framework = sys.argv[2]
+    xdevice.backend(framework)  # joins the other processes before the framework computes
+    if framework == "torch":
+        import torch
+        model = torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.ReLU(), torch.nn.Linear(16, 2))
+        weights = lambda: [p.detach().numpy().ravel().tolist() for p in model.parameters()]
+    else:
+        import keras
+        model = keras.Sequential([keras.Input((6,)), keras.layers.Dense(16, activation="relu"), keras.layers.Dense(2)])
+        weights = lambda: [w.ravel().tolist() for w in model.get_weights()]
+    x = np.random.default_rng(0).normal(size=(64, 6)).astype("float32")
+    history = fit(model, (x, (x[:, 0] > 0).astype("int64")), epochs=1, batch_size=16, verbose=0)
+    with open(sys.argv[1] + f"/rank{world()[0]}.json", "w") as out:
+        json.dump({"steps": history.steps, "weights": weights()}, out)
+""")
+
+
+@pytest.mark.parametrize("framework", ["torch", "tensorflow"])
+def test_processes_start_from_rank_zeros_weights_when_the_model_is_not_seeded(tmp_path, framework):
+    """Each process draws its own initial weights; training starts them all from rank 0's (as DDP does)."""
+    pytest.importorskip(framework)
+    script = tmp_path / "unseeded.py"
+    script.write_text(UNSEEDED)
+    launched = subprocess.run([sys.executable, "-m", "xdevice", "launch", "--nproc-per-node", "2",
+                               "--master-port", str(free_port()), str(script), str(tmp_path), framework],
+                              capture_output=True, text=True, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"},
+                              timeout=300)
+    assert launched.returncode == 0, launched.stderr[-2000:]
+    first, second = (json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in (0, 1))
+    assert len(first["steps"]) == 4 and first["steps"] == second["steps"]
+    assert first["weights"] == second["weights"]
