@@ -10,7 +10,8 @@ values into the user's own object. Adapters:
   statistics update as in ``module.train()``); trained in place;
 - a Keras model or ``tf.Module``: its ``trainable_variables`` are the params, assigned after
   each step; called with ``training=`` when it takes it;
-- a JAX ``(apply, params)`` pair, ``params`` a (possibly nested) dict: a new pair comes back.
+- a JAX ``(apply, params)`` pair, ``params`` a (possibly nested) dict: a new pair comes back;
+- :func:`staged`: a sequential model split layer-wise over devices, one program per stage.
 
 ``precision="bfloat16"`` casts params and inputs to bfloat16 inside ``forward`` and the
 outputs back to float32, so gradients reach the float32 master weights.

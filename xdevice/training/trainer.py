@@ -74,7 +74,8 @@ class Trainer:
         self.metrics = {m if isinstance(m, str) else getattr(m, "__name__", f"metric{i}"): metric_function(m)
                         for i, m in enumerate(metrics)}
         self.optimizer = make_optimizer(optimizer, **optimizer_options)
-        compile_ = self.backend.jit if jit and self.program.compiles_whole else (lambda f: f)
+        jit = jit and self.program.compiles_whole  # a split model compiles stage by stage
+        compile_ = self.backend.jit if jit else (lambda f: f)
         self.replicas = replicate(devices, backend=self.backend.name)
         self.program.params = self.replicas.place_params(self.program.params)
         self.program.buffers = self.replicas.place_params(self.program.buffers)
@@ -83,7 +84,6 @@ class Trainer:
         self.seed = 0
         self.history = History()
         replicated = self.replicas.count > 1  # replicated steps are always compiled (strategy.run, Mesh)
-        jit = jit and self.program.compiles_whole
         self._train = self.replicas.compile(self._train_step) if jit or replicated else self._train_step
         self._evaluate = compile_(self._eval_step)
 
