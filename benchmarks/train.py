@@ -226,6 +226,31 @@ def scaling(names: list[str], backends: list[str], batch: int, warmup: int, step
                       f"{rates[count]:>9.0f} {rates[count] / rates[1]:>8.2f}x", flush=True)
 
 
+def speed(names: list[str], backends: list[str], skipped: list[str], device: str, batch: int, warmup: int,
+          steps: int, budget: float) -> None:
+    """Steps/s of xdevice's step against the native loop, per model and backend (part 1)."""
+    missing = f"; not installed: {', '.join(skipped)}" if skipped else ""
+    print(f"training steps/s at batch {batch}, Adam lr {LR}, on {device}; median of up to {steps} "
+          f"timed steps after {warmup} warm-up steps{missing}")
+    print("ratio = xdevice steps/s / native steps/s, measured in turns; ms = median step time")
+    print(f"{'model':<12} {'backend':<11} {'xdevice/s':>10} {'native/s':>9} {'ratio':>6}  "
+          f"{'xdevice ms':>10} {'native ms':>9}")
+    for name in names:
+        for backend in backends:
+            model = models.build(name, backend=backend, device=device, seed=0)
+            x, y = batch_for(model, batch)
+            trainer = Trainer(model, "cross_entropy", "adam", lr=LR)
+            timing = dict(warmup=warmup, steps=steps, budget=budget)
+            if backend in NATIVE:
+                twin = models.build(name, backend=backend, device=device, seed=0)
+                ours, native = timed(lambda: trainer.step(x, y), NATIVE[backend](twin, x, y), **timing)
+            else:
+                (ours,), native = timed(lambda: trainer.step(x, y), **timing), None
+            shown = (f"{1 / native:>9.1f} {native / ours:>6.2f}  {ours * 1e3:>10.2f} {native * 1e3:>9.2f}"
+                     if native else f"{'-':>9} {'-':>6}  {ours * 1e3:>10.2f} {'-':>9}")
+            print(f"{name:<12} {backend:<11} {1 / ours:>10.1f} {shown}", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", nargs="+", default=list(models.NAMES), choices=models.NAMES)
@@ -248,27 +273,7 @@ def main() -> None:
     installed = [b for b in args.backends if b == "numpy" or importlib.util.find_spec(b) is not None]
     skipped = sorted(set(args.backends) - set(installed))
     if "speed" in args.parts:
-        print(f"training steps/s at batch {args.batch}, Adam lr {LR}, on {args.device}; median of up to {args.steps} "
-              f"timed steps after {args.warmup} warm-up steps" + (f"; not installed: {', '.join(skipped)}" if skipped
-                                                                     else ""))
-        print("ratio = xdevice steps/s / native steps/s, measured in turns; ms = median step time")
-        print(f"{'model':<12} {'backend':<11} {'xdevice/s':>10} {'native/s':>9} {'ratio':>6}  "
-              f"{'xdevice ms':>10} {'native ms':>9}")
-    for name in args.models if "speed" in args.parts else []:
-        for backend in installed:
-            model = models.build(name, backend=backend, device=args.device, seed=0)
-            x, y = batch_for(model, args.batch)
-            trainer = Trainer(model, "cross_entropy", "adam", lr=LR)
-            timing = dict(warmup=args.warmup, steps=args.steps, budget=args.max_seconds)
-            if backend in NATIVE:
-                twin = models.build(name, backend=backend, device=args.device, seed=0)
-                ours, native = timed(lambda: trainer.step(x, y), NATIVE[backend](twin, x, y), **timing)
-            else:
-                (ours,), native = timed(lambda: trainer.step(x, y), **timing), None
-            shown = (f"{1 / native:>9.1f} {native / ours:>6.2f}  {ours * 1e3:>10.2f} {native * 1e3:>9.2f}"
-                     if native else f"{'-':>9} {'-':>6}  {ours * 1e3:>10.2f} {'-':>9}")
-            print(f"{name:<12} {backend:<11} {1 / ours:>10.1f} {shown}", flush=True)
-
+        speed(args.models, installed, skipped, args.device, args.batch, args.warmup, args.steps, args.max_seconds)
     if "stalls" in args.parts:
         stall_backend = next((b for b in installed if b != "numpy"), installed[0])
         model = models.build(args.stall_model, backend=stall_backend, device=args.device, seed=0)

@@ -1,8 +1,9 @@
 """JAX data parallelism: a ``Mesh`` over the devices, params replicated, the batch sharded.
 
 JAX sees the global batch as one array split across the mesh, so the step is the
-one-device step under ``jax.jit`` (the defaults of ``xdevice.training.replication.Replicas``): XLA inserts the all-reduce of the gradients. The
-loss is already the global mean, so ``weight`` is 1 and ``sum`` is the identity.
+one-device step under ``jax.jit`` (the defaults of ``xdevice.training.replication.Replicas``):
+XLA inserts the all-reduce of the gradients. The loss is already the global mean, so
+``weight`` is 1 and ``sum`` is the identity.
 
 Across processes (``jax.distributed``, joined when ``xdevice launch`` started this one) the
 mesh spans every process's devices and the same jitted step runs in each (SPMD). Every
@@ -51,7 +52,6 @@ class Replicas(replication.Replicas):
         if self.processes:
             x, y = np.asarray(x), np.asarray(y)
         return jax.device_put(x, self.split), jax.device_put(y, self.split)
-
 
 
 class Replication:

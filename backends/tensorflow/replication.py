@@ -4,8 +4,9 @@
 The step runs once per replica under ``strategy.run`` on that replica's slice of the batch;
 each replica's loss is weighted by its share of the global rows, and the gradients are
 summed across replicas with the replica context's ``all_reduce`` (the strategy's own
-collective), so every replica applies the same update to the same params. Across workers the params
-start as worker 0's (DDP's rule; a Keras model's initial weights are drawn per worker).
+collective), so every replica applies the same update to the same params. Across workers
+the params start as worker 0's (DDP's rule; a Keras model's initial weights are drawn per
+worker).
 """
 
 from __future__ import annotations
@@ -44,9 +45,11 @@ class Replicas(replication.Replicas):
 
     @tf.function
     def _sum_over_workers(self, values: dict[str, Any]) -> dict[str, Any]:
-        def total(v):  # one by one: a batched all-reduce packs mixed dtypes into one tensor and fails;
-            context = tf.distribute.get_replica_context()  # tf.identity: the inputs themselves have no
-            return {k: context.all_reduce("sum", tf.identity(x)) for k, x in v.items()}  # device to reduce to
+        # One tensor at a time: a batched all-reduce packs mixed dtypes into one tensor and
+        # fails. tf.identity: an all-reduce of the inputs themselves has no device to reduce to.
+        def total(v):
+            context = tf.distribute.get_replica_context()
+            return {k: context.all_reduce("sum", tf.identity(x)) for k, x in v.items()}
 
         return self.strategy.run(total, args=(values,))
 

@@ -22,7 +22,7 @@ class Autodiff:
             out = fn(leaves, *args)
         out, aux = out if has_aux else (out, None)
         value, grads = self._grad(out, leaves)
-        return ((value, map_leaves(_detach, aux)) if has_aux else value), grads
+        return ((value, detached(aux)) if has_aux else value), grads
 
     def _grad(self, out: Any, leaves: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
         if not isinstance(out, torch.Tensor) or not out.requires_grad:  # params not used at all
@@ -38,5 +38,6 @@ class Autodiff:
         return fn
 
 
-def _detach(value: Any) -> Any:
-    return value.detach() if isinstance(value, torch.Tensor) else value
+def detached(tree: Any) -> Any:
+    """``tree`` (dicts, lists, tuples) with every tensor in it detached from the graph."""
+    return map_leaves(lambda value: value.detach() if isinstance(value, torch.Tensor) else value, tree)

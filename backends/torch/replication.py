@@ -18,6 +18,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from xdevice.backends.torch.autodiff import detached
 from xdevice.training import replication
 
 
@@ -80,19 +81,12 @@ class ProcessReplicas(replication.Replicas):
         with torch.enable_grad():
             value, aux = self.ddp(lambda p: objective({**params, **p}))
             value.backward()
-        grads = {k: torch.zeros_like(v) for k, v in params.items()}
-        grads.update({k: torch.zeros_like(w) if w.grad is None else w.grad
-                      for k, w in zip(trained, weights)})
-        return (value.detach(), _detached(aux)), grads
+        found = {k: w.grad for k, w in zip(trained, weights)}  # none for ints and unused params: zeros
+        grads = {k: torch.zeros_like(v) if found.get(k) is None else found[k] for k, v in params.items()}
+        return (value.detach(), detached(aux)), grads
 
     def compile(self, step: Callable) -> Callable:
         return step
-
-
-def _detached(tree: Any) -> Any:
-    from xdevice.backends._common import map_leaves
-
-    return map_leaves(lambda v: v.detach() if isinstance(v, torch.Tensor) else v, tree)
 
 
 class Replication:

@@ -11,15 +11,10 @@ import pytest
 import xdevice
 from xdevice import fit, models
 
+from .test_stages import FIT, data, jax_stages
+
 pytestmark = pytest.mark.gpu
 GPU_BACKENDS = [name for name in ("torch", "jax") if name in xdevice.backends()]
-FIT = {"optimizer": "adam", "lr": 0.01, "epochs": 2, "batch_size": 16, "verbose": 0}
-
-
-def data():
-    rng = np.random.default_rng(0)
-    x = rng.normal(size=(64, 6)).astype("float32")
-    return x, (x[:, 0] > 0).astype("int64")
 
 
 @pytest.mark.parametrize("name", GPU_BACKENDS)
@@ -46,17 +41,7 @@ def test_a_torch_sequential_split_over_gpu_and_cpu_trains_as_the_whole_model():
 
 
 def test_jax_stages_on_gpu_and_cpu_train_as_the_whole_model():
-    jax = pytest.importorskip("jax")
-
-    def first(p, x):
-        return jax.nn.relu(x @ p["w"] + p["b"])
-
-    def second(p, x):
-        return x @ p["w"] + p["b"]
-
-    rng = np.random.default_rng(0)
-    a = {"w": (rng.normal(size=(6, 16)) * 0.3).astype("float32"), "b": np.zeros(16, "float32")}
-    b = {"w": (rng.normal(size=(16, 2)) * 0.3).astype("float32"), "b": np.zeros(2, "float32")}
+    (first, a), (second, b) = jax_stages()
     cpu = xdevice.find("cpu", backend="jax")
     expected = fit((lambda p, x: second(p["b"], first(p["a"], x)), {"a": a, "b": b}), data(), device=cpu, **FIT)
     got = fit([(first, a), (second, b)], data(), stages=["gpu:0", "cpu"], **FIT)

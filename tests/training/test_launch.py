@@ -61,9 +61,10 @@ def test_bad_flags_say_what_is_allowed():
         environments(0)
 
 
-@pytest.mark.parametrize("framework, processes", [("torch", 2), ("torch", 3), ("jax", 2), ("tensorflow", 2)])
+@pytest.mark.parametrize("framework, processes", [("torch", 2), ("torch", 3), ("torch", 4),
+                                                          ("jax", 2), ("tensorflow", 2)])
 def test_launched_processes_train_exactly_as_one(tmp_path, framework, processes):
-    """torch: DistributedDataParallel over gloo (3 processes: uneven slices of 16 rows);
+    """torch: DistributedDataParallel over gloo (2-4 processes; 3: uneven slices of 16 rows);
     JAX: jax.distributed with a Mesh over every process's CPU; TensorFlow:
     MultiWorkerMirroredStrategy from TF_CONFIG (ring all-reduce over gRPC)."""
     pytest.importorskip(framework)

@@ -20,12 +20,17 @@ def batches(x, y, size=8):
     return [(x[i:i + size], y[i:i + size]) for i in range(0, len(x), size)]
 
 
-def test_a_torch_module_trains_as_a_torch_loop_would():
-    torch = pytest.importorskip("torch")
+def batch_norm_net(torch):
+    """A small torch network with batch norm, and an identical copy."""
     torch.manual_seed(0)
     net = torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.BatchNorm1d(16), torch.nn.ReLU(),
                               torch.nn.Linear(16, 2))
-    twin = copy.deepcopy(net)
+    return net, copy.deepcopy(net)
+
+
+def test_a_torch_module_trains_as_a_torch_loop_would():
+    torch = pytest.importorskip("torch")
+    net, twin = batch_norm_net(torch)
     x, y = data()
     sgd = torch.optim.SGD(twin.parameters(), lr=0.1, momentum=0.9)
     twin.train()
@@ -117,10 +122,7 @@ def test_bfloat16_where_it_cannot_run_is_a_clear_error():
 
 def test_a_torch_module_with_batch_norm_trains_in_bfloat16():
     torch = pytest.importorskip("torch")
-    torch.manual_seed(0)
-    net = torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.BatchNorm1d(16), torch.nn.ReLU(),
-                              torch.nn.Linear(16, 2))
-    twin = copy.deepcopy(net)
+    net, twin = batch_norm_net(torch)
     x, y = data()
     full = fit(twin, (x, y), epochs=3, shuffle=False, verbose=0)
     half = fit(net, (x, y), epochs=3, shuffle=False, verbose=0, precision="bfloat16")

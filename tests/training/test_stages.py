@@ -25,8 +25,8 @@ def weights(seed: int = 0):
             {"w": (rng.normal(size=(16, 2)) * 0.3).astype("float32"), "b": np.zeros(2, "float32")})
 
 
-@pytest.mark.multi_device
-def test_jax_stages_on_two_devices_train_as_the_whole_model():
+def jax_stages():
+    """Two JAX stages, a dense layer with ReLU and a dense layer, as ``(apply, params)`` pairs."""
     jax = pytest.importorskip("jax")
 
     def first(p, x):
@@ -36,6 +36,13 @@ def test_jax_stages_on_two_devices_train_as_the_whole_model():
         return x @ p["w"] + p["b"]
 
     a, b = weights()
+    return (first, a), (second, b)
+
+
+@pytest.mark.multi_device
+def test_jax_stages_on_two_devices_train_as_the_whole_model():
+    jax = pytest.importorskip("jax")
+    (first, a), (second, b) = jax_stages()
     whole = fit((lambda p, x: second(p["b"], first(p["a"], x)), {"a": a, "b": b}), data(), **FIT)
     split = fit([(first, a), (second, b)], data(), stages=["cpu:0", "cpu:1"], **FIT)
     assert len(split.steps) == 8
@@ -66,7 +73,7 @@ def test_keras_stages_built_on_two_devices_train_as_one_model():
     first, second = stages(["/CPU:0", "/CPU:0"])
     whole = keras.Sequential([keras.Input((6,)), *first.layers, *second.layers])
     expected = fit(whole, data(), **FIT)
-    with pytest.raises(ConfigurationError, match="Stage 1's variables are not on its device"):
+    with pytest.raises(ConfigurationError, match="Stage 1: The TensorFlow model's variables are not on the device"):
         Trainer(list(stages(["/CPU:0", "/CPU:0"])), stages=["cpu:0", "cpu:1"])
     split = fit(list(stages(["/CPU:0", "/CPU:1"])), data(), stages=["cpu:0", "cpu:1"], **FIT)
     np.testing.assert_allclose(split.steps, expected.steps, rtol=1e-5, atol=1e-6)

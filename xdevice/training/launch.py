@@ -170,11 +170,13 @@ def initialize(framework: str) -> Any:
     return None
 
 
+_ADDRESS = {"jax": "XDEVICE_COORDINATOR", "tensorflow": "TF_CONFIG"}  # where each finds the others
+
+
 def join_launched_group(framework: str) -> None:
     """:func:`initialize` ``framework`` if ``xdevice launch`` started this process (called when
     xdevice first loads a backend whose group must be joined before its first computation)."""
-    if world()[1] > 1 and "XDEVICE_COORDINATOR" in os.environ and (framework != "tensorflow" or
-                                                                   "TF_CONFIG" in os.environ):
+    if world()[1] > 1 and _ADDRESS[framework] in os.environ:
         initialize(framework)
 
 

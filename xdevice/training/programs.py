@@ -144,7 +144,11 @@ class _TensorFlow(Program):
         if not variables:
             raise ConfigurationError(message("The TensorFlow model has no trainable variables",
                                              fix="build it first (call it once on an example batch)"))
-        where = device or find(variables[0].device or "cpu", backend="tensorflow")
+        where = find(variables[0].device or "cpu", backend="tensorflow")
+        if device is not None and device != where:  # TF places a variable when it is made, once
+            raise ConfigurationError(message(
+                "The TensorFlow model's variables are not on the device asked for", expected=str(device),
+                received=str(where), fix=f"build the model under tf.device('{device}'), or leave device= out"))
         params = {_variable_name(v, i): v for i, v in enumerate(variables)}
         super().__init__("tensorflow", where, params, {})
         self.module, self.variables = module, variables
@@ -264,14 +268,13 @@ def staged(model: Any, devices: list[Any]) -> Program:
     if len(model) != len(devices):
         raise ConfigurationError(message("One device per stage", expected=f"{len(model)} devices",
                                          received=f"{len(devices)}: {list(devices)}"))
-    result = _Stages([program(stage, where) for stage, where in zip(model, devices)])
-    for i, stage in enumerate(result.stages):
-        if isinstance(stage, _TensorFlow):  # TF places a variable when it is made, once
-            built = find(stage.variables[0].device or "cpu", backend="tensorflow")
-            if built != stage.device:
-                raise ConfigurationError(message(
-                    f"Stage {i}'s variables are not on its device", expected=str(stage.device),
-                    received=str(built), fix=f"build stage {i} under tf.device('{stage.device}')"))
+    programs = []
+    for i, (stage, where) in enumerate(zip(model, devices)):
+        try:
+            programs.append(program(stage, where))
+        except ConfigurationError as error:
+            raise ConfigurationError(f"Stage {i}: {error}") from error
+    result = _Stages(programs)
     if split_from is not None:  # the user's Sequential, now across devices, still runs as one
         for stage in result.stages:
             _move_inputs(stage.module[0], stage.backend.native_device(stage.device))
@@ -280,7 +283,11 @@ def staged(model: Any, devices: list[Any]) -> Program:
 
 
 def _move_inputs(layer: Any, device: Any) -> None:
-    layer.register_forward_pre_hook(lambda module, args: tuple(a.to(device) for a in args))
+    old = getattr(layer, "_xdevice_moves_inputs", None)
+    if old is not None:  # split again: the new device replaces the old one
+        old.remove()
+    layer._xdevice_moves_inputs = layer.register_forward_pre_hook(
+        lambda module, args: tuple(a.to(device) for a in args))
 
 
 def _is_sequential(module: Any) -> bool:

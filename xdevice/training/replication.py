@@ -71,11 +71,11 @@ def replicate(devices: Sequence[Any] | None = None, *, backend: str) -> Replicas
     Raises:
         ConfigurationError: the backend cannot replicate that way (the error names those that can).
     """
-    engine = _registry.backend(backend)
+    engine = _registry.backend(backend)  # its hooks refuse what it cannot do, naming who can
     if world()[1] > 1:
-        engine.require("supports_processes", "training across processes started by xdevice launch")
         return engine.process_replicas()
     if devices is not None and len(devices) > 1:
+        # before the devices are looked up: "torch cannot", not "there is no cpu:1"
         engine.require("supports_replication", "data-parallel replication in one process")
         return engine.replicas([find(d, backend=backend) for d in devices])
     return Replicas(engine)
