@@ -131,3 +131,16 @@ def test_a_torch_module_with_batch_norm_trains_in_bfloat16():
     np.testing.assert_allclose(net[1].running_mean.numpy(), twin[1].running_mean.numpy(), atol=5e-2)
     assert half["loss"] != full["loss"]
     np.testing.assert_allclose(half["loss"], full["loss"], rtol=3e-2)
+
+
+@pytest.mark.multi_device
+def test_a_keras_model_is_not_trained_somewhere_else_than_asked():
+    """TensorFlow cannot move a variable once made: asking for another device is an error, not a silent no."""
+    tf = pytest.importorskip("tensorflow")
+    import keras
+
+    with tf.device("/CPU:0"):
+        model = keras.Sequential([keras.Input((6,)), keras.layers.Dense(2)])
+    with pytest.raises(ConfigurationError, match="variables are not on the device asked for.*cpu:1"):
+        fit(model, data(), device="cpu:1", verbose=0)
+    assert fit(model, data(), device="cpu:0", verbose=0).epochs  # where it was built: fine
