@@ -1,10 +1,20 @@
 """The Backend contract: the only interface core code uses to reach a framework.
 
-Every backend implements every abstract method here with the same signature (a contract
-test checks names, parameters and defaults). A backend package keeps the same files as
-every other: ``devices.py``, ``memory.py``, ``placement.py``, ``autodiff.py``, ``native.py``
-and ``export.py`` each hold a mixin with one concern, ``ops.py`` holds the backend's implementation of the op set
-(``opset.Ops``), and the package's ``__init__`` assembles them into the backend class.
+Every backend implements every abstract method here with the same signature, and overrides
+the optional hooks (the methods with a default) with the same signature too; a contract
+test checks names, parameters and defaults. A backend package keeps the same files as every
+other: ``devices.py``, ``memory.py``, ``placement.py``, ``autodiff.py``, ``native.py`` and
+``export.py`` each hold a mixin with one concern, ``replication.py`` the engine for data
+parallelism where there is one, ``ops.py`` the backend's implementation of the op set
+(``opset.Ops``), and ``backend.py`` assembles the mixins into the backend class.
+
+Two things live outside the class, so that core can use them without importing the framework:
+
+- the package's ``__init__`` imports no framework and may define ``gpu_build()``: whether
+  the installed build supports GPUs, read from package metadata (the registry asks it);
+- ``training.py`` adapts the framework's own models to the trainer (``program(backend,
+  model, device)``, and ``split(backend, model, devices)`` where a sequential model can be
+  cut into stages); the trainer loads it through the registry, the backend never imports it.
 
 Capability flags say what a backend cannot do. Core checks them with :meth:`require`, so
 asking for a missing capability raises a clear ``ConfigurationError`` instead of doing
@@ -15,15 +25,19 @@ from __future__ import annotations
 
 import abc
 import contextlib
+import os
 from collections.abc import Callable
 from typing import Any, ClassVar
 
 from xdevice._device import Device
-from xdevice._errors import ConfigurationError, message
+from xdevice._errors import ConfigurationError, ConversionError, message
 from xdevice._types import Applied, Config, MemoryStats
 from xdevice.backends.opset import Ops
 
-__all__ = ["Backend"]
+__all__ = ["Backend", "OWNED_KINDS"]
+
+#: What an object can be to the framework that owns it (:meth:`Backend.owns`).
+OWNED_KINDS = ("array", "model", "device")
 
 
 class Backend(abc.ABC):
@@ -32,6 +46,12 @@ class Backend(abc.ABC):
     Attributes:
         name: the backend's name, which is also the framework's import name.
         title: the framework's name for people ("PyTorch").
+        accepts: for each kind :meth:`owns` answers, what of this framework's is accepted
+            there, for people ("torch.Tensor"); error messages list them.
+        saved_format: the file suffix of the framework's own saved program that
+            :meth:`save_converted` writes (``".pt2"``), or None when there is none.
+        supports_gpu: the framework can run on a GPU at all (numpy cannot).
+        supports_bfloat16: the backend computes in bfloat16 (the numpy reference does not).
         supports_memory_limit: a per-device memory limit can be set.
         supports_preallocation: memory can be pre-allocated as a pool (memory_growth=False).
         supports_virtual_devices: one process can split a CPU into several devices.
@@ -46,6 +66,10 @@ class Backend(abc.ABC):
     title: ClassVar[str]
     #: the backend's implementation of the neutral op set
     ops: ClassVar[Ops]
+    accepts: ClassVar[dict[str, str]] = {}
+    saved_format: ClassVar[str | None] = None
+    supports_gpu: ClassVar[bool] = True
+    supports_bfloat16: ClassVar[bool] = True
     supports_memory_limit: ClassVar[bool] = False
     supports_preallocation: ClassVar[bool] = False
     supports_virtual_devices: ClassVar[bool] = False
@@ -72,8 +96,22 @@ class Backend(abc.ABC):
         """The framework's own object or string for ``device`` (assumed to exist)."""
 
     @abc.abstractmethod
+    def device_from_native(self, native: Any) -> Device:
+        """The :class:`Device` a framework's own device object names (the inverse of
+        :meth:`native_device`; ``native`` is one that :meth:`owns` calls ``"device"``)."""
+
+    @abc.abstractmethod
     def configure_devices(self, config: Config) -> list[Applied]:
         """Apply ``cpu_devices`` (visibility is set once by core, through CUDA's variable)."""
+
+    def enable_float64(self) -> None:
+        """Let the framework compute in float64 and int64 (JAX needs a switch; the others
+        always can, so by default there is nothing to do)."""
+
+    def gpu_libraries(self) -> dict[str, str]:
+        """The GPU libraries this build found, by name (``{"cudnn": "91002"}``); {} when it
+        tells nothing or uses none."""
+        return {}
 
     # -- memory.py ----------------------------------------------------------------------
 
@@ -88,8 +126,16 @@ class Backend(abc.ABC):
     # -- placement.py -------------------------------------------------------------------
 
     @abc.abstractmethod
-    def is_array(self, x: Any) -> bool:
-        """Whether ``x`` is one of this framework's arrays (the framework is loaded)."""
+    def owns(self, x: Any) -> str | None:
+        """What ``x`` is to this framework: ``"array"``, ``"model"`` (something it runs,
+        trains or exports: a module, a Keras model, a ``tf.function``, a JAX function or
+        ``(apply_fn, params)`` pair) or ``"device"`` (its own device object); None when
+        ``x`` is not this framework's.
+
+        Core asks only backends whose framework is already imported, and caches the answer
+        by ``type(x)``, except for tuples, lists, dicts and plain functions: so the answer
+        for any other object must hold for every object of its type.
+        """
 
     @abc.abstractmethod
     def device_of(self, x: Any) -> Device:
@@ -119,6 +165,11 @@ class Backend(abc.ABC):
     def zeros(self, shape: tuple[int, ...], dtype: str = "float32") -> Any:
         """A new array of zeros on the current default device."""
 
+    def dense(self, x: Any) -> Any:
+        """``x`` laid out densely in row-major order, as a DLPack consumer that ignores
+        strides needs it (ONNX Runtime); arrays are dense already unless a backend says."""
+        return x
+
     # -- autodiff.py ----------------------------------------------------------------------
 
     @abc.abstractmethod
@@ -133,18 +184,23 @@ class Backend(abc.ABC):
         """``fn`` compiled the framework's way (``jax.jit``, ``tf.function``; PyTorch runs
         eagerly, so ``fn`` itself)."""
 
-    # -- native.py ------------------------------------------------------------------------
+    # -- native.py (optional: by default a zoo model's native form is a function) ---------
 
-    @abc.abstractmethod
-    def to_native(self, name: str, spec: dict, apply: Callable[..., Any], params: dict[str, Any],
+    def to_native(self, name: str, spec: dict, forward: Callable[..., Any], params: dict[str, Any],
                   trainable: list[str]) -> Any:
-        """A zoo model as this framework's own trainable object (``params`` are this
-        backend's arrays; ``trainable`` names those updated by gradient)."""
+        """A zoo model as this framework's own trainable module, or None when the framework's
+        models are functions (JAX, numpy: core then hands out ``(apply_fn, params)``).
 
-    @abc.abstractmethod
+        ``forward(weights, x, training)`` is the zoo model over this backend's ops and returns
+        ``(output, updated buffers)`` ({} in inference); ``params`` are this backend's arrays;
+        ``trainable`` names those updated by gradient.
+        """
+        return None
+
     def from_native(self, native: Any) -> tuple[str, dict, dict[str, Any], Device] | None:
-        """``(name, spec, numpy arrays, device)`` of an object ``to_native`` made, or None
-        when ``native`` is not one of this framework's."""
+        """``(name, spec, numpy arrays, device)`` of a module :meth:`to_native` made, or None
+        when ``native`` is not one."""
+        return None
 
     # -- export.py ------------------------------------------------------------------------
 
@@ -161,12 +217,30 @@ class Backend(abc.ABC):
         """``target``'s outputs on the numpy ``inputs`` in inference mode, flattened as
         ``export_onnx`` flattens them, as numpy arrays: what its export must reproduce."""
 
-    # -- replication.py (optional: supports_replication) ----------------------------------
+    def save_converted(self, imported: Any, specs: list[tuple[str, str, tuple]], examples: list[Any],
+                       path: os.PathLike, dynamic: bool) -> None:
+        """Write an imported ONNX model (``converters.importer.ImportedModel`` on this
+        backend) to ``path`` in the framework's own saved format (``saved_format``), loadable
+        without xdevice. ``specs`` are ``(name, dtype, shape)`` per input, None where a
+        dimension is not fixed; ``examples`` are numpy inputs to trace with; with
+        ``dynamic`` the unfixed dimensions stay symbolic."""
+        raise ConversionError(message(
+            f"{self.title} has no saved program format of its own", received=self.name,
+            choices=[name for name, cls in _known_classes().items() if cls.saved_format],
+            fix="convert to one of those"))
+
+    # -- replication.py (optional: supports_replication, supports_processes) --------------
 
     def replicas(self, devices: list[Device]) -> Any:
-        """Data parallelism over ``devices`` with the framework's own engine: an
-        ``xdevice.training.replication.Replicas`` (the hooks a step uses are listed there)."""
+        """Data parallelism over ``devices`` with the framework's own engine: a
+        ``xdevice.backends.training.Replicas`` (the hooks a step uses are listed there)."""
         self.require("supports_replication", "data-parallel replication in one process")
+
+    def join_processes(self) -> None:
+        """Join the process group of the processes ``xdevice launch`` started, from their
+        environment (``xdevice._processes``); idempotent. Raises ``ConfigurationError`` when
+        it is too late (JAX and TensorFlow must join before their first computation)."""
+        self.require("supports_processes", "training across processes started by xdevice launch")
 
     def process_replicas(self) -> Any:
         """The same hooks, for the processes ``xdevice launch`` started (each rank takes its

@@ -33,13 +33,26 @@ import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
-__all__ = ["Ops", "Array", "DTYPES", "NARROW_DTYPES", "UNARY", "BINARY", "COMPARISONS", "masked_score", "float32_inside"]
+__all__ = ["Ops", "Array", "DTYPES", "NARROW_DTYPES", "UNARY", "BINARY", "COMPARISONS", "masked_score",
+           "float32_inside", "numpy_dtype"]
 
 Array = Any
 DTYPES = ("float16", "bfloat16", "float32", "float64", "int8", "int16", "int32", "int64",
           "uint8", "uint16", "uint32", "uint64", "bool")
 #: Narrow float and int formats (from ml_dtypes) a backend may also support in ``cast``.
 NARROW_DTYPES = ("float8_e4m3fn", "float8_e4m3fnuz", "float8_e5m2", "float8_e5m2fnuz", "int4", "uint4")
+
+
+def numpy_dtype(name: str) -> Any:
+    """numpy's dtype for a dtype name of ``DTYPES`` or ``NARROW_DTYPES`` (bfloat16, float8 and
+    int4 come from ml_dtypes). Imports numpy when called."""
+    import numpy as np
+
+    if name == "bfloat16" or name in NARROW_DTYPES:
+        from xdevice.backends._common import ml_dtype
+
+        return np.dtype(ml_dtype(name))
+    return np.dtype(name)
 
 #: One-input elementwise primitives (each ``name(x)``).
 UNARY = ("negative", "abs", "sign", "exp", "log", "sqrt", "sin", "cos", "tan", "tanh",

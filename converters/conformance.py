@@ -2,7 +2,7 @@
 
 The suite's node tests are built by onnx itself (1,884 in onnx 1.23) and compared with
 its own ``assert_similar_outputs``, which also requires the exact output dtypes. JAX
-therefore runs with 64-bit types enabled (``jax_enable_x64``), as ONNX's int64 and double
+therefore runs with 64-bit types enabled (``Backend.enable_float64``: ``jax_enable_x64``), as ONNX's int64 and double
 tests need; that is process-wide, so the JAX suite belongs in its own process (the CLI).
 """
 
@@ -48,10 +48,9 @@ def run_suite(backend: str, pattern: str | None = None, modules: list[str] | Non
     An ``UnsupportedOp`` counts as an error (the op is not covered); a wrong value, shape
     or dtype counts as a failure.
     """
-    if backend == "jax":
-        import jax
+    from xdevice import _registry
 
-        jax.config.update("jax_enable_x64", True)
+    _registry.backend(backend).enable_float64()  # ONNX's tests use int64 and double throughout
     import onnx.backend.test
 
     from xdevice.converters.onnx_backend import onnx_backend

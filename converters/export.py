@@ -1,14 +1,15 @@
 """ONNX export: any model in, a checked and verified ONNX model out.
 
-``export`` finds the framework by what the model is, looking in ``sys.modules`` first so
-nothing is imported to find out:
+``export`` finds the framework by what the model is: the backend that owns it
+(``_registry.owner``; only frameworks already imported are asked), so nothing is imported to
+find out:
 
 | model | exported by |
 |---|---|
 | a zoo :class:`~xdevice.models.Model` | its backend, or ``backend=`` (moved there first) |
 | a ``torch.nn.Module`` | torch (``torch.export`` + ``torch.onnx``) |
 | a Keras model, a ``tf.Module``, a ``tf.function`` | tensorflow (tf2onnx) |
-| an ``(apply_fn, params)`` pair | the framework of ``params``' arrays (jax2onnx for JAX) |
+| an ``(apply_fn, params)`` pair of JAX or numpy arrays | jax (jax2onnx); a zoo ``apply_fn``: its backend |
 | a plain function | ``backend=``, else jax |
 
 The backend's exporter writes a ModelProto; every result then goes through the same
@@ -32,10 +33,9 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
-import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -226,42 +226,15 @@ def _source(model: Any, backend: str | None, example_inputs: Any, dynamic_batch:
 
 
 def _framework_of(model: Any) -> str:
-    """The backend that exports a native ``model`` (DESIGN rule 1: ``sys.modules`` first)."""
-    from xdevice.backends._functional import Functional
-
-    torch = sys.modules.get("torch")
-    if torch is not None and isinstance(model, torch.nn.Module):
-        return "torch"
-    tf = sys.modules.get("tensorflow")
-    if tf is not None and isinstance(model, (tf.Module, tf.types.experimental.PolymorphicFunction)):
-        return "tensorflow"
-    keras = sys.modules.get("keras")
-    if keras is not None and isinstance(model, keras.Layer):
-        return "tensorflow"
-    if isinstance(model, tuple) and len(model) == 2 and callable(model[0]):
-        if isinstance(model[0], Functional):
-            return model[0].backend
-        leaf = _first_leaf(model[1])
-        if leaf is not None:
-            from xdevice._tensors import backend_of
-
-            return backend_of(leaf)
-    if callable(model) and "jax" in sys.modules:
-        return "jax"  # a plain function: JAX is the framework whose models are functions
-    raise ConversionError(message(
-        "Cannot tell which framework this model belongs to",
-        expected="a zoo Model, a torch.nn.Module, a Keras model / tf.Module / tf.function, "
-                 "or a JAX (apply_fn, params) pair or function",
-        received=type(model).__qualname__, choices=[b for b in _registry.backends() if b != "numpy"],
-        fix="pass backend=... to say which framework runs it"))
-
-
-def _first_leaf(tree: Any) -> Any:
-    if isinstance(tree, Mapping):
-        return next((leaf for value in tree.values() if (leaf := _first_leaf(value)) is not None), None)
-    if isinstance(tree, (tuple, list)):
-        return next((leaf for value in tree if (leaf := _first_leaf(value)) is not None), None)
-    return tree
+    """The backend that exports a native ``model``: the one that owns it (``_registry.owner``)."""
+    found = _registry.owner(model)
+    if found is None or found[1] != "model":
+        raise ConversionError(message(
+            "Cannot tell which framework this model belongs to",
+            expected="a zoo Model, or a model of a loaded framework",
+            received=type(model).__qualname__, choices=_registry.accepted("model"),
+            fix="pass backend=... to say which framework runs it"))
+    return found[0].name
 
 
 def _as_inputs(inputs: Any) -> tuple[Any, ...]:

@@ -6,14 +6,16 @@
 - ``jax``: a serialized ``jax.export.Exported`` (``.jax``):
   ``jax.export.deserialize(bytearray(open(path, "rb").read())).call(x)``.
 
-The model is imported (``from_onnx``) on that framework and traced once; the saved program
-holds only that framework's ops and the weights. The batch axis stays dynamic when the
+The model is imported (``from_onnx``) on that framework and traced once by its backend
+(``Backend.save_converted``, in the backend's ``export.py``); the saved program holds only that
+framework's ops and the weights. The batch axis stays dynamic when the
 model allows it; a graph that computes shapes from its input (Shape -> ... -> Reshape)
 pins the batch to the example's size instead, and the result says so.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import time
@@ -22,14 +24,25 @@ from typing import Any
 
 import numpy as np
 
+from xdevice import _registry
 from xdevice._errors import ConversionError, message
 from xdevice.converters.importer.interpreter import onnx_dtype
 from xdevice.converters.importer.model import ImportedModel, from_onnx
 
-__all__ = ["Converted", "convert_model", "FORMATS"]
+__all__ = ["Converted", "convert_model", "formats"]
 
-FORMATS = {"torch": ".pt2", "tensorflow": ".savedmodel", "jax": ".jax"}
 _EXAMPLE_BATCH = 2
+
+
+def formats() -> dict[str, str]:
+    """Installed backend -> the suffix of its framework's own saved program (``Backend.saved_format``)."""
+    found = {}
+    for name in _registry.backends():
+        with contextlib.suppress(Exception):  # a framework that fails to load has no format here
+            suffix = _registry.backend(name).saved_format
+            if suffix:
+                found[name] = suffix
+    return found
 
 
 @dataclasses.dataclass
@@ -44,15 +57,16 @@ class Converted:
 
 def convert_model(model: Any, to: str, output: str | os.PathLike | None = None) -> Converted:
     """Write the ONNX ``model`` (path, bytes or ModelProto) in framework ``to``'s own format."""
-    if to not in FORMATS:
-        raise ConversionError(message("Unknown target format", received=to, choices=list(FORMATS)))
+    suffix = _registry.backend(to).saved_format if to in _registry.backends(all=True) else None
+    if suffix is None:
+        raise ConversionError(message("Unknown target format", received=to, choices=list(formats())))
     start = time.perf_counter()
     imported = from_onnx(model, backend=to)
     base = Path(model).with_suffix("") if isinstance(model, (str, os.PathLike)) else Path("model")
-    path = Path(output) if output else base.with_suffix(FORMATS[to])
+    path = Path(output) if output else base.with_suffix(suffix)
     specs = _input_specs(imported)
     examples = [_example(dtype, shape) for _, dtype, shape in specs]
-    writer = {"torch": _torch, "tensorflow": _tensorflow, "jax": _jax}[to]
+    writer = imported.backend.save_converted
     note = ""
     try:
         writer(imported, specs, examples, path, dynamic=True)
@@ -85,64 +99,7 @@ def _example(dtype: str, shape: tuple) -> np.ndarray:
     return np.random.default_rng(0).normal(size=concrete).astype(dtype)
 
 
-def _torch(imported, specs, examples, path: Path, dynamic: bool) -> None:
-    import torch
-
-    class Program(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.names = list(imported.params)
-            for i, name in enumerate(self.names):
-                self.register_buffer(f"w{i}", imported.params[name])
-
-        def forward(self, *inputs):
-            params = {name: getattr(self, f"w{i}") for i, name in enumerate(self.names)}
-            outputs = imported.apply(params, *inputs)
-            return outputs[0] if len(outputs) == 1 else outputs
-
-    args = tuple(torch.as_tensor(x) for x in examples)
-    shapes = None
-    if dynamic:
-        batch = torch.export.Dim("batch", min=1)
-        # forward(*inputs) has one parameter, `inputs`: its spec is the tuple of per-input specs
-        shapes = {"inputs": tuple({0: batch} if shape and shape[0] is None else None for _, _, shape in specs)}
-    program = torch.export.export(Program(), args, dynamic_shapes=shapes)
-    torch.export.save(program, str(path))
-
-
-def _tensorflow(imported, specs, examples, path: Path, dynamic: bool) -> None:
-    import tensorflow as tf
-
-    module = tf.Module()
-    module.weights = {name: tf.Variable(value, trainable=False) for name, value in imported.params.items()}
-    signature = [tf.TensorSpec([None if (dynamic and d is None) else (d or _EXAMPLE_BATCH) for d in shape],
-                               tf.as_dtype(dtype), name=name) for name, dtype, shape in specs]
-
-    @tf.function(input_signature=signature)
-    def serve(*inputs):
-        outputs = imported.apply(dict(module.weights), *inputs)
-        return outputs[0] if len(outputs) == 1 else outputs
-
-    serve.get_concrete_function()  # trace now: a refusal of the dynamic batch surfaces here
-    module.serve = serve
-    tf.saved_model.save(module, str(path), signatures={"serving_default": serve})
-
-
-def _jax(imported, specs, examples, path: Path, dynamic: bool) -> None:
-    import jax
-    import jax.export
-
-    def serve(*inputs):
-        outputs = imported.apply(imported.params, *inputs)
-        return outputs[0] if len(outputs) == 1 else outputs
-
-    scope = jax.export.SymbolicScope()
-    args = []
-    for (_, dtype, shape), example in zip(specs, examples):
-        if dynamic and shape and shape[0] is None:
-            dims = jax.export.symbolic_shape("b", scope=scope) + tuple(example.shape[1:])
-        else:
-            dims = example.shape
-        args.append(jax.ShapeDtypeStruct(dims, example.dtype))
-    exported = jax.export.export(jax.jit(serve))(*args)
-    path.write_bytes(exported.serialize())
+def __getattr__(name: str) -> Any:
+    if name == "FORMATS":  # the table of formats(), kept by its old name (it loads the backends)
+        return formats()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

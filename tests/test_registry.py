@@ -1,6 +1,5 @@
 """The backend registry: entry points, lazy resolution, clear errors."""
 
-import inspect
 import json
 import textwrap
 
@@ -70,3 +69,56 @@ def test_a_missing_builtin_framework_names_the_extra(run_python):
             print(error)
     """)
     assert "Fix: pip install 'xdevice[jax]'" in result.stdout, result.stderr
+
+
+def _models_of_every_framework():
+    """(object, owner) for what users hold: a module, a Keras model, a tf.function, a JAX pair,
+    a plain function."""
+    found = []
+    torch = pytest.importorskip("torch")
+    found.append((torch.nn.Linear(3, 2), "torch"))
+    tf = pytest.importorskip("tensorflow")
+    keras = pytest.importorskip("keras")
+    found.append((keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)]), "tensorflow"))
+    found.append((tf.function(lambda x: x * 2), "tensorflow"))
+    jnp = pytest.importorskip("jax.numpy")
+    found.append(((lambda p, x: x @ p["w"], {"w": jnp.ones((3, 2))}), "jax"))
+    found.append((lambda x: jnp.sin(x), "jax"))
+    return found
+
+
+def test_every_caller_gets_the_same_owner_for_every_kind_of_model():
+    from xdevice import _registry
+    from xdevice.converters.export import _framework_of
+    from xdevice.training.programs import _owner
+
+    for model, expected in _models_of_every_framework():
+        backend, kind = _registry.owner(model)
+        assert (backend.name, kind) == (expected, "model"), model
+        assert _framework_of(model) == expected and _owner(model).name == expected
+
+
+def test_an_object_nobody_owns_gets_one_error_listing_what_each_backend_accepts():
+    from xdevice.converters.export import _framework_of
+    from xdevice.training.programs import _owner
+
+    _models_of_every_framework()  # every framework loaded: each lists what it accepts
+    with pytest.raises(xdevice.ConversionError) as exported:
+        _framework_of(object())
+    with pytest.raises(xdevice.ConfigurationError) as trained:
+        _owner(object())
+    for error in (exported, trained):
+        assert "torch: torch.nn.Module" in str(error.value) and "tensorflow: a Keras model" in str(error.value)
+    with pytest.raises(xdevice.ConversionError, match="A PyTorch model is not an array"):
+        xdevice.backend_of(_models_of_every_framework()[0][0])
+
+
+def test_the_owner_of_a_type_is_remembered_and_containers_are_not():
+    import numpy as np
+
+    from xdevice import _registry
+
+    _registry.owner(np.zeros(1))
+    assert _registry._owners[np.ndarray] == ("numpy", "array")
+    _registry.owner((lambda p, x: x, {"w": np.ones(2)}))
+    assert tuple not in _registry._owners

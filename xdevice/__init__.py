@@ -26,6 +26,7 @@ from xdevice._errors import (
 from xdevice._memory import memory_stats
 from xdevice._parity import ParityReport, parity
 from xdevice._placement import DeviceFallbackWarning, Placement, current_device, on
+from xdevice._processes import join_processes
 from xdevice._registry import backend
 from xdevice._tensors import backend_of, convert, device_of, to_device
 from xdevice._tolerance import Comparison, compare
@@ -64,6 +65,7 @@ __all__ = [
     "devices",
     "find",
     "fit",
+    "join_processes",
     "memory_stats",
     "on",
     "parity",

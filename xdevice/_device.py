@@ -1,7 +1,7 @@
 """The device model: canonical ``kind:index`` names and parsing of every native spelling.
 
-Does not import PyTorch, JAX or TensorFlow: a native device object is recognised by the
-module its type comes from and the attributes it carries.
+Does not import PyTorch, JAX or TensorFlow: a native device object is read by the backend
+that owns it (``Backend.device_from_native``), and only frameworks already imported are asked.
 
 Canonical names are lower-case ``kind:index`` with kinds ``cpu``, ``gpu`` and ``tpu``;
 ``gpu`` alone means ``gpu:0``. Accepted spellings include ``cuda:1``, ``GPU:1``, ``/GPU:1``,
@@ -19,7 +19,7 @@ from typing import Any
 
 from xdevice._errors import DeviceNotFound, message
 
-__all__ = ["Device", "device", "KINDS"]
+__all__ = ["Device", "device", "device_from_parts", "KINDS"]
 
 KINDS = ("cpu", "gpu", "tpu")
 _ALIASES = {
@@ -105,15 +105,6 @@ class Device:
         return dataclasses.replace(self, **facts)
 
 
-def _jax_index(spec: Any) -> int:
-    """A JAX device's index among this process's devices of its kind (under ``jax.distributed``
-    ids run across processes: process 1's first CPU is ``id`` 2048 but ``cpu:0`` here)."""
-    import jax
-
-    local = jax.local_devices(backend=spec.platform)
-    return local.index(spec) if spec in local else spec.id
-
-
 def device(spec: Any) -> Device:
     """Parse any device spelling into a canonical :class:`Device` (kind and index only).
 
@@ -136,13 +127,11 @@ def device(spec: Any) -> Device:
         return spec
     if isinstance(spec, str):
         return _parse_name(spec)
-    module = type(spec).__module__.split(".")[0]
-    if module == "torch" and hasattr(spec, "type") and hasattr(spec, "index"):
-        return _from_parts(spec.type, spec.index or 0, spec)
-    if module in ("jax", "jaxlib") and hasattr(spec, "platform") and hasattr(spec, "id"):
-        return _from_parts(spec.platform, _jax_index(spec), spec)
-    if hasattr(spec, "device_type") and hasattr(spec, "name"):  # TF Logical/PhysicalDevice
-        return _parse_name(spec.name)
+    from xdevice._registry import owner
+
+    found = owner(spec)
+    if found is not None and found[1] == "device":
+        return found[0].device_from_native(spec)
     raise DeviceNotFound(
         message("Cannot read a device from this value",
                 expected=f"a device name like {_EXAMPLES}, or a torch/JAX/TensorFlow device object",
@@ -162,7 +151,9 @@ def _parse_name(text: str) -> Device:
     return Device(_ALIASES[match["kind"]], int(match["index"] or 0))
 
 
-def _from_parts(kind: str, index: int, original: Any) -> Device:
+def device_from_parts(kind: str, index: int, original: Any) -> Device:
+    """The device of a framework's ``kind`` name (``"cuda"``, ``"GPU"``) and ``index``;
+    ``original`` is what the user passed, for the error."""
     if kind.lower() not in _ALIASES:
         raise DeviceNotFound(
             message("Unsupported device type", expected="one of " + ", ".join(sorted(_ALIASES)),

@@ -2,8 +2,8 @@
 
 The machine view starts no framework's runtime: CPUs come from the operating system and
 NVIDIA GPUs from NVML (``nvidia-ml-py``), so it can run before ``configure``. Which
-backends can use a GPU is read from their installed builds (package metadata), not by
-asking the framework, unless that framework is already running.
+backends can use a GPU each backend package tells from its installed build (package
+metadata: ``_registry.gpu_build``), without importing the framework.
 
 A framework's own view (``devices(backend="jax")``) asks the framework, which starts the
 runtime of JAX and TensorFlow: configure first.
@@ -16,7 +16,6 @@ import functools
 import importlib.metadata
 import os
 import platform
-import sys
 
 from xdevice import _registry
 from xdevice._device import KINDS, Device, device
@@ -72,7 +71,7 @@ def machine_devices() -> list[Device]:
     """CPU and GPUs of this machine, from the OS and NVML; starts no framework."""
     installed = _registry.backends()
     cpu = _cpu().with_facts(backends=tuple(installed))
-    gpu_users = tuple(name for name in installed if _can_use_gpu(name))
+    gpu_users = tuple(name for name in installed if _registry.gpu_build(name))
     gpus = [gpu.with_facts(backends=gpu_users) for gpu in nvml_gpus()]
     if not gpus:
         gpus = _gpus_from_running_frameworks()
@@ -204,29 +203,7 @@ def _gpus_from_running_frameworks() -> list[Device]:
     return [d.with_facts(backends=tuple(names)) for d, names in seen.items()]
 
 
-# -- which installed builds can use a GPU, from package metadata ---------------------------
-
-def _can_use_gpu(name: str) -> bool:
-    """Whether backend ``name``'s installed build supports NVIDIA GPUs (no import).
-
-    A framework that is already imported is asked directly; otherwise its distribution
-    says: torch wheels tagged ``+cpu`` are CPU-only, JAX needs a ``jax-cuda*`` plugin,
-    and ``tensorflow-cpu`` is CPU-only while Linux ``tensorflow`` includes CUDA.
-    """
-    if name in sys.modules and name in ("torch", "tensorflow"):
-        module = sys.modules[name]
-        if name == "torch":
-            return bool(getattr(module.version, "cuda", None))
-        return bool(module.test.is_built_with_cuda())
-    dists = _distributions()
-    if name == "torch":
-        return "torch" in dists and "+cpu" not in dists["torch"] and sys.platform == "linux"
-    if name == "jax":
-        return any(d.startswith(("jax-cuda", "jax_cuda")) for d in dists) or "+cuda" in dists.get("jaxlib", "")
-    if name == "tensorflow":
-        return "tensorflow" in dists and sys.platform == "linux"
-    return False
-
+# -- installed distributions, for the doctor -----------------------------------------------------
 
 @functools.lru_cache(maxsize=1)
 def _distributions() -> dict[str, str]:

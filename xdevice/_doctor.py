@@ -15,11 +15,10 @@ tf2onnx, jax2onnx); the CUDA driver and cuDNN that frameworks will find.
 from __future__ import annotations
 
 import dataclasses
-import importlib.metadata
 import json
 
 from xdevice import _registry
-from xdevice._discovery import _can_use_gpu, _distributions, devices, nvml_gpus
+from xdevice._discovery import _distributions, devices, nvml_gpus
 
 __all__ = ["Finding", "DoctorReport", "doctor", "onnxruntime_conflict", "provider_findings",
            "gpu_findings", "export_tools"]
@@ -89,10 +88,11 @@ def doctor() -> DoctorReport:
             findings.append(Finding("frameworks", False, f"{name}: fails to load: {error}",
                                     f"reinstall it: {_registry.pip_line(name)}"))
             continue
-        seen[name] = sum(d.kind == "gpu" for d in found)
+        if backend.supports_gpu:
+            seen[name] = sum(d.kind == "gpu" for d in found)
         findings.append(Finding("frameworks", True, f"{name} {backend.version()}: sees "
                                 + ", ".join(str(d) for d in found)))
-    findings += gpu_findings(len(gpus), seen, {name: _can_use_gpu(name) for name in seen})
+    findings += gpu_findings(len(gpus), seen, {name: _registry.gpu_build(name) for name in seen})
     findings += onnxruntime_conflict(dists)
     findings += _onnxruntime_providers()
     findings += export_tools(dists)
@@ -108,8 +108,6 @@ def gpu_findings(machine_gpus: int, seen: dict[str, int], gpu_build: dict[str, b
         return [Finding("devices", True, "no NVIDIA GPU on this machine: everything runs on the CPU")]
     findings = []
     for name, count in seen.items():
-        if name == "numpy":
-            continue
         if count:
             findings.append(Finding("devices", True, f"{name} sees {count} of {machine_gpus} GPUs"))
         elif gpu_build.get(name):
@@ -119,7 +117,7 @@ def gpu_findings(machine_gpus: int, seen: dict[str, int], gpu_build: dict[str, b
         else:
             findings.append(Finding(
                 "devices", False, f"{name} is a CPU-only build on a machine with {machine_gpus} GPUs",
-                f"install its CUDA build (`make` does this on a GPU machine)"))
+                "install its CUDA build (`make` does this on a GPU machine)"))
     return findings
 
 
@@ -213,7 +211,6 @@ def _onnxruntime_providers() -> list[Finding]:
 
 
 def _identity_model() -> bytes:
-    import onnx
     from onnx import TensorProto, helper
 
     value = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])
@@ -242,19 +239,17 @@ def _cuda(gpus) -> list[Finding]:
     if cudnn:
         findings.append(Finding("cuda", True, "cuDNN from pip: " + ", ".join(cudnn)))
     else:
-        with_version = _torch_cudnn()
+        with_version = _cudnn_through_frameworks()
         findings.append(Finding("cuda", with_version is not None,
                                 f"cuDNN: {with_version or 'not found'}",
                                 None if with_version else "pip install nvidia-cudnn-cu12 (or -cu13)"))
     return findings
 
 
-def _torch_cudnn() -> str | None:
-    try:
-        importlib.metadata.version("torch")
-    except importlib.metadata.PackageNotFoundError:
-        return None
-    import torch
-
-    version = torch.backends.cudnn.version() if torch.cuda.is_available() else None
-    return f"{version} (through torch)" if version else None
+def _cudnn_through_frameworks() -> str | None:
+    """cuDNN as a framework already loaded by the doctor found it (``Backend.gpu_libraries``)."""
+    for backend in _registry.loaded_backends():
+        version = backend.gpu_libraries().get("cudnn")
+        if version:
+            return f"{version} (through {backend.name})"
+    return None

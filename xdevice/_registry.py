@@ -4,6 +4,11 @@ A backend's name is its framework's import name, so whether it is installed is o
 ``importlib.util.find_spec`` away and needs no import. ``backend(name)`` imports the
 backend (and with it the framework) on first use and caches the instance. The built-in
 backends are registered through the same entry-point group as any third-party one.
+
+It also answers, once for every caller, which backend owns an object (:func:`owner`: only
+frameworks already imported are asked, and the answer is cached by type, as einops does),
+and reaches the parts of a backend package that core may use without importing the
+framework (:func:`gpu_build`) or that load only when needed (:func:`extension`).
 """
 
 from __future__ import annotations
@@ -14,14 +19,16 @@ import importlib.metadata
 import importlib.util
 import sys
 import threading
-from typing import TYPE_CHECKING
+import types
+from typing import TYPE_CHECKING, Any
 
 from xdevice._errors import BackendUnavailable, message
 
 if TYPE_CHECKING:
     from xdevice.backends.base import Backend
 
-__all__ = ["backends", "backend", "loaded_backends", "active_backends", "is_installed", "pip_line"]
+__all__ = ["backends", "backend", "loaded_backends", "active_backends", "is_installed", "pip_line", "owner",
+           "extension", "gpu_build"]
 
 GROUP = "xdevice.backends"
 _BUILTIN_ORDER = ("numpy", "torch", "jax", "tensorflow")
@@ -112,4 +119,77 @@ def active_backends() -> list[Backend]:
     This is the ``sys.modules`` check of DESIGN.md rule 1: if torch was never imported,
     nothing in this process is a torch tensor and there is no torch default to set.
     """
-    return [backend(name) for name in backends() if name in sys.modules]
+    return [backend(name) for name in _entry_points() if name in sys.modules]
+
+
+# -- which backend owns an object -------------------------------------------------------------
+
+#: type -> (backend name, kind), for the types whose every object has the same owner
+_owners: dict[type, tuple[str, str]] = {}
+#: types whose objects are owned by what they hold, not by their type: never cached
+_BY_VALUE = (tuple, list, dict, types.FunctionType, types.MethodType, functools.partial)
+
+
+def owner(x: Any) -> tuple[Backend, str] | None:
+    """``(backend, kind)`` of the framework that owns ``x``, or None when none does.
+
+    ``kind`` is what ``x`` is to it: ``"array"``, ``"model"`` or ``"device"``
+    (``Backend.owns``). An object that names its backend in ``__xdevice_backend__`` (a zoo
+    model, its ``apply_fn``, or a pair of that function and its params) is a model of that
+    backend. Otherwise only the backends whose framework is already imported are asked (if
+    torch was never imported, nothing is a torch tensor), in registry order, and the answer
+    is cached by type except for containers and plain functions.
+
+    >>> import numpy as np
+    >>> owner(np.zeros(2))[1]
+    'array'
+    """
+    kind = type(x)
+    hit = _owners.get(kind)
+    if hit is not None:
+        return backend(hit[0]), hit[1]
+    declared = getattr(x[0] if isinstance(x, tuple) and len(x) == 2 else x, "__xdevice_backend__", None)
+    if isinstance(declared, str):
+        return backend(declared), "model"
+    for candidate in active_backends():
+        what = candidate.owns(x)
+        if what is not None:
+            if not issubclass(kind, _BY_VALUE):
+                _owners[kind] = (candidate.name, what)
+            return candidate, what
+    return None
+
+
+def accepted(kind: str) -> list[str]:
+    """What each installed backend accepts as ``kind`` ("array", "model", "device"), for
+    error messages; frameworks not imported yet are named by their backend."""
+    found = []
+    for name in backends():
+        loaded = _cache.get(name)
+        found.append(f"{name}: {loaded.accepts.get(kind, '(none)')}" if loaded is not None else name)
+    return found
+
+
+# -- parts of a backend package that load apart from the backend -------------------------------
+
+def extension(name: str, part: str) -> types.ModuleType | None:
+    """The module ``part`` of backend ``name``'s package (``"training"``), or None when that
+    backend has none. Loading it is up to the caller (the trainer loads ``training``)."""
+    package = _entry_points()[name].module
+    try:
+        return importlib.import_module(f"{package}.{part}")
+    except ModuleNotFoundError as error:
+        if error.name != f"{package}.{part}":
+            raise
+        return None
+
+
+def gpu_build(name: str) -> bool:
+    """Whether backend ``name``'s installed build supports GPUs, asked of its package's
+    ``gpu_build()`` (which reads package metadata and imports no framework); False for a
+    backend that does not say."""
+    points = _entry_points()
+    if name not in points or not is_installed(name):
+        return False
+    hook = getattr(importlib.import_module(points[name].module), "gpu_build", None)
+    return bool(hook()) if hook is not None else False

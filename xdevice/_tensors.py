@@ -5,7 +5,7 @@ allow it. When a DLPack exchange is refused (an unsupported dtype, say), the arr
 through a host copy instead, and ``copy=False`` turns that into an error.
 
 Does not import any framework: an array can only belong to a framework that is already
-imported (``sys.modules``), so only those are asked.
+imported (``sys.modules``), so only those are asked (``_registry.owner``, cached by type).
 """
 
 from __future__ import annotations
@@ -26,16 +26,18 @@ def backend_of(x: Any) -> str:
     >>> backend_of(np.zeros(2))
     'numpy'
     """
-    active = _registry.active_backends()
-    # numpy last: other frameworks' arrays are never ndarrays, but check the specific first
-    for backend in sorted(active, key=lambda b: b.name == "numpy"):
-        if backend.is_array(x):
-            return backend.name
+    return _array_owner(x).name
+
+
+def _array_owner(x: Any):
+    found = _registry.owner(x)
+    if found is not None and found[1] == "array":
+        return found[0]
+    what = f"A {found[0].title} {found[1]} is not an array" if found else "Not an array of any loaded framework"
     raise ConversionError(message(
-        "Not an array of any loaded framework",
-        expected="a numpy, torch, JAX or TensorFlow array",
-        received=f"{type(x).__module__}.{type(x).__qualname__}",
-        choices=[b.name for b in active]))
+        what, expected="an array of an installed backend",
+        received=f"{type(x).__module__}.{type(x).__qualname__}", choices=_registry.accepted("array"),
+        fix="pass one of those arrays (numpy: np.asarray(value))"))
 
 
 def device_of(x: Any):
@@ -45,7 +47,7 @@ def device_of(x: Any):
     >>> device_of(np.zeros(2))
     Device('cpu:0')
     """
-    return _registry.backend(backend_of(x)).device_of(x)
+    return _array_owner(x).device_of(x)
 
 
 def to_device(x: Any, device: Any) -> Any:
@@ -54,8 +56,8 @@ def to_device(x: Any, device: Any) -> Any:
     Raises:
         DeviceNotFound: the framework has no such device.
     """
-    name = backend_of(x)
-    return _registry.backend(name).to_device(x, find(device, backend=name))
+    owner = _array_owner(x)
+    return owner.to_device(x, find(device, backend=owner.name))
 
 
 def convert(x: Any, to: str, *, device: Any = None, copy: bool | None = None) -> Any:
@@ -76,7 +78,7 @@ def convert(x: Any, to: str, *, device: Any = None, copy: bool | None = None) ->
             "convert() shares memory where it can; it does not force a copy",
             expected="copy=None or copy=False", received=copy,
             fix="copy the result with the target framework (e.g. tensor.clone())"))
-    source = _registry.backend(backend_of(x))
+    source = _array_owner(x)
     target = _registry.backend(to)
     if source is target:
         result = x
@@ -109,4 +111,4 @@ def to_host(x: Any) -> Any:
 
     if isinstance(x, np.ndarray) or type(x).__module__.split(".")[0] in ("numpy", "builtins"):
         return np.asarray(x)
-    return _registry.backend(backend_of(x)).to_numpy(x)
+    return _array_owner(x).to_numpy(x)

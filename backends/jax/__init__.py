@@ -1,30 +1,34 @@
-"""The JAX backend. Importing this package imports jax (which starts no runtime)."""
+"""The JAX backend.
 
-from xdevice.backends.base import Backend
-from xdevice.backends.jax.autodiff import Autodiff
-from xdevice.backends.jax.devices import Devices
-from xdevice.backends.jax.export import Export
-from xdevice.backends.jax.memory import Memory
-from xdevice.backends.jax.native import Native
-from xdevice.backends.jax.ops import JaxOps
-from xdevice.backends.jax.placement import Placement
-from xdevice.backends.jax.replication import Replication
-from xdevice.training.launch import join_launched_group
+Importing this package imports nothing: ``JaxBackend`` (``backend.py``) imports jax (which
+starts no runtime), and :func:`gpu_build` answers from what is installed.
+"""
 
-__all__ = ["JaxBackend"]
+import importlib.metadata
+import importlib.util
+import sys
+from pathlib import Path
 
 
-class JaxBackend(Devices, Memory, Placement, Autodiff, Native, Export, Replication, Backend):
-    name = "jax"
-    title = "JAX"
-    supports_memory_limit = True
-    supports_preallocation = True
-    supports_virtual_devices = True
-    supports_replication = True
-    supports_processes = True
-    ops = JaxOps()
+def gpu_build() -> bool:
+    """Whether JAX can use NVIDIA GPUs: a CUDA plugin (``jax-cuda12-plugin`` and the like,
+    found as ``jax_plugins/xla_cuda*`` or ``jax_cuda*_plugin``) or an old ``+cuda`` jaxlib."""
+    if sys.platform != "linux":
+        return False
+    spec = importlib.util.find_spec("jax_plugins")
+    for folder in (spec.submodule_search_locations or []) if spec is not None else []:
+        if any(Path(folder).glob("xla_cuda*")):
+            return True
+    if any(importlib.util.find_spec(f"jax_cuda{v}_plugin") is not None for v in (12, 13)):
+        return True
+    try:
+        return "+cuda" in importlib.metadata.version("jaxlib")
+    except importlib.metadata.PackageNotFoundError:
+        return False
 
-    def __init__(self):
-        # jax.distributed.initialize must come before JAX's first computation, and xdevice
-        # computes nothing with JAX before this: join the processes xdevice launch started now
-        join_launched_group("jax")
+
+def __getattr__(name: str):
+    if name == "JaxBackend":  # the class loads the framework: only when asked for
+        from xdevice.backends.jax.backend import JaxBackend
+        return JaxBackend
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import jax
 
-from xdevice._device import Device, device
+from xdevice._device import Device, device_from_parts
 from xdevice._errors import ConfigurationError, message
 from xdevice._types import Applied, Config
 
@@ -31,12 +31,21 @@ class Devices:
         native = list(jax.local_devices())  # this process's (under jax.distributed, not the others')
         if native[0].platform != "cpu":
             native += jax.local_devices(backend="cpu")
-        return [device(d).with_facts(name=d.device_kind if d.platform != "cpu" else "")
+        return [self.device_from_native(d).with_facts(name=d.device_kind if d.platform != "cpu" else "")
                 for d in native]
 
     def native_device(self, device: Device) -> jax.Device:
         platform = {"cpu": "cpu", "gpu": "gpu", "tpu": "tpu"}[device.kind]
         return jax.local_devices(backend=platform)[device.index]
+
+    def device_from_native(self, native: jax.Device) -> Device:
+        # numbered among this process's devices of its kind: under jax.distributed ids run
+        # across processes (process 1's first CPU is id 2048, but cpu:0 here)
+        local = jax.local_devices(backend=native.platform)
+        return device_from_parts(native.platform, local.index(native) if native in local else native.id, native)
+
+    def enable_float64(self) -> None:
+        jax.config.update("jax_enable_x64", True)
 
     def configure_devices(self, config: Config) -> list[Applied]:
         if config.cpu_devices is None:

@@ -9,7 +9,9 @@ function is traced as written.
 
 from __future__ import annotations
 
+import os
 import warnings
+from pathlib import Path
 from typing import Any
 
 import jax
@@ -18,7 +20,6 @@ import numpy as np
 from jax import lax
 
 from xdevice.backends._common import as_function, exporter_failed, flat_outputs
-from xdevice.backends._functional import Functional
 from xdevice.backends._shapes import as_tuple, pool_padding
 from xdevice.backends.jax.ops import JaxOps, _lowest
 
@@ -79,14 +80,31 @@ class Export:
                                   "a JAX primitive without a jax2onnx lowering: rewrite that "
                                   "part with other jax.numpy / lax ops, or try another opset") from error
 
+    def save_converted(self, imported: Any, specs: list[tuple[str, str, tuple]], examples: list[Any],
+                       path: os.PathLike, dynamic: bool) -> None:
+        def serve(*inputs):
+            outputs = imported.apply(imported.params, *inputs)
+            return outputs[0] if len(outputs) == 1 else outputs
+
+        scope = jax.export.SymbolicScope()
+        args = []
+        for (_, dtype, shape), example in zip(specs, examples):
+            if dynamic and shape and shape[0] is None:
+                dims = jax.export.symbolic_shape("b", scope=scope) + tuple(example.shape[1:])
+            else:
+                dims = example.shape
+            args.append(jax.ShapeDtypeStruct(dims, example.dtype))
+        exported = jax.export.export(jax.jit(serve))(*args)
+        Path(path).write_bytes(exported.serialize())
+
     def native_outputs(self, target: Any, inputs: tuple[Any, ...]) -> list[Any]:
         return [self.ops.to_numpy(y) for y in flat_outputs(as_function(target)(*inputs))]
 
 
 def _for_export(target: Any) -> Any:
-    """A zoo model's pair with its function over :class:`ExportOps`; anything else as is."""
-    if isinstance(target, tuple) and len(target) == 2 and isinstance(target[0], Functional):
+    """A zoo model's pair with its function over :class:`ExportOps` (a zoo ``apply_fn`` can be
+    computed ``over`` other ops); anything else as is."""
+    if isinstance(target, tuple) and len(target) == 2 and hasattr(target[0], "over"):
         apply_fn, params = target
-        return Functional(apply_fn.backend, apply_fn.model_name, apply_fn.spec, apply_fn._apply,
-                          _EXPORT_OPS), params
+        return apply_fn.over(_EXPORT_OPS), params
     return target

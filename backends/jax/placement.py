@@ -3,29 +3,37 @@
 from __future__ import annotations
 
 import contextlib
+import functools
+import types
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from xdevice._device import Device, device
+from xdevice._device import Device
 from xdevice._errors import ConversionError, message
 from xdevice.backends._common import is_numpy_bfloat16
 
 
 class Placement:
-    def is_array(self, x: Any) -> bool:
-        return isinstance(x, jax.Array)
+    def owns(self, x: Any) -> str | None:
+        if isinstance(x, jax.Array):
+            return "array"
+        if isinstance(x, jax.Device):
+            return "device"
+        if isinstance(x, _FUNCTIONS) or _is_pair(x):
+            return "model"  # JAX is the framework whose models are functions
+        return None
 
     def device_of(self, x: Any) -> Device:
         held = list(x.devices())
         if len(held) != 1:
             raise ConversionError(message(
                 "This JAX array is sharded over several devices", expected="a single-device array",
-                received=sorted(str(device(d)) for d in held),
+                received=sorted(str(self.device_from_native(d)) for d in held),
                 fix="read x.sharding, or take one shard: x.addressable_shards[0].data"))
-        return device(held[0])
+        return self.device_from_native(held[0])
 
     def to_device(self, x: Any, device: Device) -> Any:
         return jax.device_put(x, self.native_device(device))
@@ -48,3 +56,16 @@ class Placement:
         from xdevice.backends.jax.ops import jax_dtype  # maps 64-bit names when x64 is off
 
         return jnp.zeros(shape, dtype=jax_dtype(dtype))
+
+
+#: plain Python functions (and their bound or partial forms) and jitted ones are JAX models
+_FUNCTIONS = (types.FunctionType, types.MethodType, functools.partial, jax.stages.Wrapped)
+_LEAVES = (jax.Array, np.ndarray, np.generic, int, float)
+
+
+def _is_pair(x: Any) -> bool:
+    """An ``(apply_fn, params)`` pair: a callable and a pytree of JAX or numpy arrays."""
+    if not (isinstance(x, tuple) and len(x) == 2 and callable(x[0])):
+        return False
+    leaves = jax.tree_util.tree_leaves(x[1])
+    return bool(leaves) and all(isinstance(leaf, _LEAVES) for leaf in leaves)

@@ -1,11 +1,11 @@
 """JAX data parallelism: a ``Mesh`` over the devices, params replicated, the batch sharded.
 
 JAX sees the global batch as one array split across the mesh, so the step is the
-one-device step under ``jax.jit`` (the defaults of ``xdevice.training.replication.Replicas``):
+one-device step under ``jax.jit`` (the defaults of ``xdevice.backends.training.Replicas``):
 XLA inserts the all-reduce of the gradients. The loss is already the global mean, so
 ``weight`` is 1 and ``sum`` is the identity.
 
-Across processes (``jax.distributed``, joined when ``xdevice launch`` started this one) the
+Across processes (``jax.distributed``, joined from what ``xdevice launch`` set) the
 mesh spans every process's devices and the same jitted step runs in each (SPMD). Every
 process holds the same global batch (the order depends on the seed only) and gives JAX
 host copies, from which each keeps the rows of its own devices; params start as process
@@ -14,6 +14,7 @@ host copies, from which each keeps the rows of its own devices; params start as 
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import jax
@@ -22,10 +23,11 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from xdevice._device import Device
 from xdevice._errors import ConfigurationError, message
-from xdevice.training import replication
+from xdevice._processes import COORDINATOR, world
+from xdevice.backends import training
 
 
-class Replicas(replication.Replicas):
+class Replicas(training.Replicas):
     def __init__(self, backend: Any, devices: list[Any]):
         super().__init__(backend)
         self.mesh = Mesh(np.array(devices), ("data",))
@@ -58,9 +60,23 @@ class Replication:
     def replicas(self, devices: list[Device]) -> Replicas:
         return Replicas(self, [self.native_device(d) for d in devices])
 
-    def process_replicas(self) -> Replicas:
-        from xdevice.training.launch import initialize
+    def join_processes(self) -> None:
+        if jax.distributed.is_initialized():
+            return
+        if COORDINATOR not in os.environ:
+            raise ConfigurationError(message(
+                "JAX needs a coordinator address to join the other processes",
+                expected=f"{COORDINATOR}=host:port (xdevice launch sets it)", received="unset",
+                fix="start the script with xdevice launch, or call jax.distributed.initialize(...) yourself"))
+        rank, size = world()
+        try:
+            jax.distributed.initialize(os.environ[COORDINATOR], num_processes=size, process_id=rank)
+        except RuntimeError as error:
+            raise ConfigurationError(message(
+                "JAX could not join the launched processes", received=str(error),
+                fix="call xdevice.join_processes('jax') at the top of the script, before anything computes "
+                    "with JAX (building a model does)")) from error
 
-        initialize("jax")  # already joined when the backend loaded; a no-op then
-        # the mesh spans every process's devices
-        return Replicas(self, jax.devices())
+    def process_replicas(self) -> Replicas:
+        self.join_processes()
+        return Replicas(self, jax.devices())  # the mesh spans every process's devices

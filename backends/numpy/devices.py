@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from xdevice._device import Device
@@ -20,6 +22,9 @@ class Devices:
 
     def native_device(self, device: Device) -> str:
         return "cpu"
+
+    def device_from_native(self, native: Any) -> Device:
+        return Device("cpu", 0)  # numpy owns no device object: only its one CPU is ever named
 
     def configure_devices(self, config: Config) -> list[Applied]:
         if config.cpu_devices is None:

@@ -13,20 +13,11 @@ import numpy as np
 
 from xdevice._errors import UnsupportedOp, message
 from xdevice.backends._shapes import as_tuple, conv_padding, pool_counts, pool_padding, slice_index, windows
-from xdevice.backends.opset import NARROW_DTYPES, Ops
+from xdevice.backends.opset import NARROW_DTYPES, Ops, numpy_dtype
 
-__all__ = ["NumpyOps", "numpy_dtype"]
+__all__ = ["NumpyOps"]
 
 _SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
-
-
-def numpy_dtype(name: str) -> np.dtype:
-    """numpy's dtype for a dtype name; bfloat16, float8 and int4 come from ml_dtypes."""
-    if name == "bfloat16" or name in NARROW_DTYPES:
-        from xdevice.backends._common import ml_dtype
-
-        return np.dtype(ml_dtype(name))
-    return np.dtype(name)
 
 
 class NumpyOps(Ops):

@@ -11,8 +11,8 @@ from xdevice._device import Device
 
 
 class Placement:
-    def is_array(self, x: Any) -> bool:
-        return isinstance(x, np.ndarray)
+    def owns(self, x: Any) -> str | None:
+        return "array" if isinstance(x, np.ndarray) else None
 
     def device_of(self, x: Any) -> Device:
         return Device("cpu", 0)

@@ -1,30 +1,27 @@
-"""The TensorFlow backend. Importing this package imports tensorflow (no runtime start)."""
+"""The TensorFlow backend.
 
-from xdevice.backends.base import Backend
-from xdevice.backends.tensorflow.autodiff import Autodiff
-from xdevice.backends.tensorflow.devices import Devices
-from xdevice.backends.tensorflow.export import Export
-from xdevice.backends.tensorflow.memory import Memory
-from xdevice.backends.tensorflow.native import Native
-from xdevice.backends.tensorflow.ops import TensorflowOps
-from xdevice.backends.tensorflow.placement import Placement
-from xdevice.backends.tensorflow.replication import Replication
-from xdevice.training.launch import join_launched_group
+Importing this package imports nothing: ``TensorflowBackend`` (``backend.py``) imports
+tensorflow (which starts no runtime), and :func:`gpu_build` answers from package metadata.
+"""
 
-__all__ = ["TensorflowBackend"]
+import importlib.metadata
+import sys
 
 
-class TensorflowBackend(Devices, Memory, Placement, Autodiff, Native, Export, Replication, Backend):
-    name = "tensorflow"
-    title = "TensorFlow"
-    supports_memory_limit = True
-    supports_preallocation = True
-    supports_virtual_devices = True
-    supports_replication = True
-    supports_processes = True
-    ops = TensorflowOps()
+def gpu_build() -> bool:
+    """Whether the installed TensorFlow supports GPUs: ``tensorflow`` on Linux does,
+    ``tensorflow-cpu`` does not (asked of TensorFlow itself once it is imported)."""
+    if "tensorflow" in sys.modules:
+        return bool(sys.modules["tensorflow"].test.is_built_with_cuda())
+    try:
+        importlib.metadata.version("tensorflow")
+    except importlib.metadata.PackageNotFoundError:
+        return False
+    return sys.platform == "linux"
 
-    def __init__(self):
-        # MultiWorkerMirroredStrategy configures TF's collectives, which must precede the first
-        # computation: join the workers xdevice launch started now
-        join_launched_group("tensorflow")
+
+def __getattr__(name: str):
+    if name == "TensorflowBackend":  # the class loads the framework: only when asked for
+        from xdevice.backends.tensorflow.backend import TensorflowBackend
+        return TensorflowBackend
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -7,6 +7,8 @@ if a release changes it we assume "not started" and wrap TensorFlow's own Runtim
 
 from __future__ import annotations
 
+from typing import Any
+
 import tensorflow as tf
 
 from xdevice._device import Device, device
@@ -26,7 +28,11 @@ class Devices:
         return getattr(context.context(), "_context_handle", None) is not None
 
     def list_devices(self) -> list[Device]:
-        return [device(d) for d in tf.config.list_logical_devices() if d.device_type in ("CPU", "GPU", "TPU")]
+        return [self.device_from_native(d) for d in tf.config.list_logical_devices()
+                if d.device_type in ("CPU", "GPU", "TPU")]
+
+    def device_from_native(self, native: Any) -> Device:
+        return device(native.name)  # a LogicalDevice or PhysicalDevice names itself TF's way
 
     def native_device(self, device: Device) -> str:
         return f"/{device.kind.upper()}:{device.index}"

@@ -13,6 +13,7 @@ tf2onnx writes).
 
 from __future__ import annotations
 
+import os
 import sys
 import warnings
 from collections.abc import Callable
@@ -48,6 +49,22 @@ class Export:
                                   "the model must trace under tf.function with a None batch "
                                   "(no Python int of the batch size); or try another opset") from error
         return model
+
+    def save_converted(self, imported: Any, specs: list[tuple[str, str, tuple]], examples: list[Any],
+                       path: os.PathLike, dynamic: bool) -> None:
+        module = tf.Module()
+        module.weights = {name: tf.Variable(value, trainable=False) for name, value in imported.params.items()}
+        signature = [tf.TensorSpec([None if (dynamic and d is None) else size for d, size in zip(shape, x.shape)],
+                                   tf.as_dtype(dtype), name=name) for (name, dtype, shape), x in zip(specs, examples)]
+
+        @tf.function(input_signature=signature)
+        def serve(*inputs):
+            outputs = imported.apply(dict(module.weights), *inputs)
+            return outputs[0] if len(outputs) == 1 else outputs
+
+        serve.get_concrete_function()  # trace now: a refusal of the dynamic batch surfaces here
+        module.serve = serve
+        tf.saved_model.save(module, str(path), signatures={"serving_default": serve})
 
     def native_outputs(self, target: Any, inputs: tuple[Any, ...]) -> list[Any]:
         call = _inference_call(target)

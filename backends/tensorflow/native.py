@@ -7,7 +7,6 @@ from typing import Any
 import tensorflow as tf
 
 from xdevice._device import device
-from xdevice.backends._functional import forward
 
 
 class ZooModule(tf.Module):
@@ -17,23 +16,23 @@ class ZooModule(tf.Module):
     statistics to the buffer variables, as a Keras ``BatchNormalization`` layer does.
     """
 
-    def __init__(self, name: str, spec: dict, apply, ops, params: dict[str, Any], trainable: list[str]):
+    def __init__(self, name: str, spec: dict, forward, params: dict[str, Any], trainable: list[str]):
         super().__init__(name=name)
         self.model_name, self.spec = name, spec
-        self._zoo_apply, self._zoo_ops = apply, ops
+        self._zoo_forward = forward
         self.weights = {key: tf.Variable(value, trainable=key in trainable, name=key)
                         for key, value in params.items()}
 
     def __call__(self, x: Any, training: bool = False) -> Any:
-        y, updates = forward(self._zoo_apply, self._zoo_ops, dict(self.weights), x, training)
+        y, updates = self._zoo_forward(dict(self.weights), x, training)
         for key, value in updates.items():
             self.weights[key].assign(value)
         return y
 
 
 class Native:
-    def to_native(self, name: str, spec: dict, apply, params: dict[str, Any], trainable: list[str]) -> Any:
-        return ZooModule(name, spec, apply, self.ops, params, trainable)
+    def to_native(self, name: str, spec: dict, forward, params: dict[str, Any], trainable: list[str]) -> Any:
+        return ZooModule(name, spec, forward, params, trainable)
 
     def from_native(self, native: Any):
         if not isinstance(native, ZooModule):

@@ -22,8 +22,7 @@ from tensorflow.python.eager import record  # no public way to ask whether a tap
 
 from xdevice._errors import UnsupportedOp, message
 from xdevice.backends._shapes import as_tuple, conv_padding, pool_counts, pool_padding, slice_index
-from xdevice.backends.numpy.ops import numpy_dtype
-from xdevice.backends.opset import DTYPES, NARROW_DTYPES, Array, Ops, float32_inside, masked_score
+from xdevice.backends.opset import DTYPES, NARROW_DTYPES, Array, Ops, float32_inside, masked_score, numpy_dtype
 
 __all__ = ["TensorflowOps"]
 

@@ -6,6 +6,7 @@ TensorFlow has no public data-pointer API; the pointer is read from a DLPack cap
 from __future__ import annotations
 
 import contextlib
+import sys
 from typing import Any
 
 import tensorflow as tf
@@ -15,8 +16,12 @@ from xdevice.backends._common import dlpack_data_pointer, is_numpy_bfloat16
 
 
 class Placement:
-    def is_array(self, x: Any) -> bool:
-        return isinstance(x, (tf.Tensor, tf.Variable))
+    def owns(self, x: Any) -> str | None:
+        if isinstance(x, (tf.Tensor, tf.Variable)):
+            return "array"
+        if isinstance(x, (tf.Module, tf.types.experimental.PolymorphicFunction)) or _is_keras_layer(x):
+            return "model"
+        return "device" if isinstance(x, (tf.config.LogicalDevice, tf.config.PhysicalDevice)) else None
 
     def device_of(self, x: Any) -> Device:
         return device(x.device)
@@ -43,3 +48,9 @@ class Placement:
 
     def zeros(self, shape: tuple[int, ...], dtype: str = "float32") -> Any:
         return tf.zeros(shape, dtype=dtype)
+
+
+def _is_keras_layer(x: Any) -> bool:
+    """A Keras layer or model on Keras' TensorFlow backend (Keras 3 layers are not tf.Modules)."""
+    keras = sys.modules.get("keras")
+    return keras is not None and isinstance(x, keras.Layer) and keras.config.backend() == "tensorflow"

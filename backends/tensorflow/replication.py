@@ -11,15 +11,19 @@ worker).
 
 from __future__ import annotations
 
+import os
+import signal
+import threading
 from typing import Any
 
 import tensorflow as tf
 
 from xdevice._device import Device
-from xdevice.training import replication
+from xdevice._errors import ConfigurationError, message
+from xdevice.backends import training
 
 
-class Replicas(replication.Replicas):
+class Replicas(training.Replicas):
     def __init__(self, backend: Any, strategy: tf.distribute.Strategy):
         super().__init__(backend)
         self.strategy = strategy
@@ -94,7 +98,31 @@ class Replication:
         reduce = tf.distribute.ReductionToOneDevice() if on_cpu else None
         return Replicas(self, tf.distribute.MirroredStrategy(names, cross_device_ops=reduce))
 
-    def process_replicas(self) -> Replicas:
-        from xdevice.training.launch import initialize
+    def join_processes(self) -> None:
+        global _workers
+        if _workers is not None:
+            return
+        if "TF_CONFIG" not in os.environ:
+            raise ConfigurationError(message(
+                "TensorFlow needs TF_CONFIG to join the other workers", received="TF_CONFIG unset",
+                fix="xdevice launch sets it for one node; with several nodes write each worker's TF_CONFIG"))
+        kinds = tf.distribute.experimental.CommunicationImplementation  # RING: gRPC, for CPUs
+        gpus = bool(tf.config.list_physical_devices("GPU"))
+        options = tf.distribute.experimental.CommunicationOptions(implementation=kinds.NCCL if gpus else kinds.RING)
+        try:
+            _workers = tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)
+        except (RuntimeError, ValueError) as error:
+            raise ConfigurationError(message(
+                "TensorFlow could not join the launched workers", received=str(error).splitlines()[0],
+                fix="call xdevice.join_processes('tensorflow') at the top of the script, before anything "
+                    "computes with TensorFlow (building a model does)")) from error
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)  # TF's own handler swallows SIGTERM
 
-        return Replicas(self, initialize("tensorflow"))
+    def process_replicas(self) -> Replicas:
+        self.join_processes()
+        return Replicas(self, _workers)
+
+
+#: the process's one MultiWorkerMirroredStrategy (TF allows one), made when it joins
+_workers: tf.distribute.Strategy | None = None

@@ -1,21 +1,28 @@
-"""The PyTorch backend. Importing this package imports torch."""
+"""The PyTorch backend.
 
-from xdevice.backends.base import Backend
-from xdevice.backends.torch.autodiff import Autodiff
-from xdevice.backends.torch.devices import Devices
-from xdevice.backends.torch.export import Export
-from xdevice.backends.torch.memory import Memory
-from xdevice.backends.torch.native import Native
-from xdevice.backends.torch.ops import TorchOps
-from xdevice.backends.torch.placement import Placement
-from xdevice.backends.torch.replication import Replication
+Importing this package imports nothing: ``TorchBackend`` (``backend.py``) imports torch, and
+:func:`gpu_build` answers from package metadata.
+"""
 
-__all__ = ["TorchBackend"]
+import importlib.metadata
+import sys
 
 
-class TorchBackend(Devices, Memory, Placement, Autodiff, Native, Export, Replication, Backend):
-    name = "torch"
-    title = "PyTorch"
-    supports_memory_limit = True
-    supports_processes = True
-    ops = TorchOps()
+def gpu_build() -> bool:
+    """Whether the installed torch supports GPUs: a wheel tagged ``+cpu`` does not (asked of
+    torch itself once it is imported)."""
+    if "torch" in sys.modules:
+        torch = sys.modules["torch"]
+        return bool(torch.version.cuda or torch.version.hip)
+    try:
+        version = importlib.metadata.version("torch")
+    except importlib.metadata.PackageNotFoundError:
+        return False
+    return "+cpu" not in version and sys.platform == "linux"
+
+
+def __getattr__(name: str):
+    if name == "TorchBackend":  # the class loads the framework: only when asked for
+        from xdevice.backends.torch.backend import TorchBackend
+        return TorchBackend
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from xdevice._device import Device
+from xdevice._device import Device, device_from_parts
 from xdevice._types import Applied, Config
 
 
@@ -35,12 +35,19 @@ class Devices:
             return torch.device("mps", device.index)
         return torch.device("cuda", device.index)
 
+    def device_from_native(self, native: torch.device) -> Device:
+        return device_from_parts(native.type, native.index or 0, native)
+
     def configure_devices(self, config: Config) -> list[Applied]:
         if config.cpu_devices is None:
             return []
         return [Applied("torch", "cpu_devices", config.cpu_devices, "advisory",
                         f"PyTorch has no in-process virtual devices; replication runs "
                         f"{config.cpu_devices} gloo worker processes")]
+
+    def gpu_libraries(self) -> dict[str, str]:
+        version = torch.backends.cudnn.version() if torch.cuda.is_available() else None
+        return {"cudnn": str(version)} if version else {}
 
     @staticmethod
     def _facts(index: int) -> dict:

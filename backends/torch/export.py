@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import logging
+import os
 import warnings
 from collections.abc import Iterator
 from typing import Any
@@ -37,6 +38,29 @@ class _Flat(torch.nn.Module):
 
     def forward(self, *xs: Any) -> tuple[Any, ...]:
         return tuple(flat_outputs(self.target(*xs)))
+
+
+class _Imported(torch.nn.Module):
+    """An imported ONNX model as a module: its weights as buffers, ``apply`` as forward."""
+
+    def __init__(self, imported: Any):
+        super().__init__()
+        self.imported, self.names = imported, list(imported.params)
+        for i, name in enumerate(self.names):
+            self.register_buffer(f"w{i}", imported.params[name])
+
+    def forward(self, *inputs: Any) -> Any:
+        params = {name: getattr(self, f"w{i}") for i, name in enumerate(self.names)}
+        outputs = self.imported.apply(params, *inputs)
+        return outputs[0] if len(outputs) == 1 else outputs
+
+
+def _batch_dims(specs: list[tuple[str, str, tuple]]) -> dict[str, Any]:
+    """``torch.export`` dynamic shapes: one ``batch`` dim shared by every input whose first
+    dimension is not fixed (``forward(*inputs)`` has one parameter, ``inputs``: its spec is the
+    tuple of per-input specs)."""
+    batch = torch.export.Dim("batch", min=1)
+    return {"inputs": tuple({0: batch} if shape and shape[0] is None else None for _, _, shape in specs)}
 
 
 class Export:
@@ -70,6 +94,12 @@ class Export:
                                       "an aten op without an ONNX translation: try another opset, "
                                       "or export from another backend") from error
         return onnx_program.model_proto
+
+    def save_converted(self, imported: Any, specs: list[tuple[str, str, tuple]], examples: list[Any],
+                       path: os.PathLike, dynamic: bool) -> None:
+        program = torch.export.export(_Imported(imported), tuple(torch.as_tensor(x) for x in examples),
+                                      dynamic_shapes=_batch_dims(specs) if dynamic else None)
+        torch.export.save(program, str(path))
 
     def native_outputs(self, target: Any, inputs: tuple[Any, ...]) -> list[Any]:
         module = _Flat(target)

@@ -6,8 +6,6 @@ from typing import Any
 
 import torch
 
-from xdevice._device import device
-from xdevice.backends._functional import forward
 
 
 class ZooModule(torch.nn.Module):
@@ -17,10 +15,10 @@ class ZooModule(torch.nn.Module):
     running statistics into the buffers, as ``torch.nn.BatchNorm2d`` does.
     """
 
-    def __init__(self, name: str, spec: dict, apply, ops, params: dict[str, Any], trainable: list[str]):
+    def __init__(self, name: str, spec: dict, forward, params: dict[str, Any], trainable: list[str]):
         super().__init__()
         self.model_name, self.spec = name, spec
-        self._zoo_apply, self._zoo_ops = apply, ops
+        self._zoo_forward = forward
         for key, value in params.items():
             owner, leaf = self._owner(key)
             value = value.detach().clone()
@@ -40,7 +38,7 @@ class ZooModule(torch.nn.Module):
 
     def forward(self, x: Any) -> Any:
         weights = {**dict(self.named_parameters()), **dict(self.named_buffers())}
-        y, updates = forward(self._zoo_apply, self._zoo_ops, weights, x, self.training)
+        y, updates = self._zoo_forward(weights, x, self.training)
         with torch.no_grad():
             for key, value in updates.items():
                 weights[key].copy_(value)
@@ -51,12 +49,12 @@ class ZooModule(torch.nn.Module):
 
 
 class Native:
-    def to_native(self, name: str, spec: dict, apply, params: dict[str, Any], trainable: list[str]) -> Any:
-        return ZooModule(name, spec, apply, self.ops, params, trainable)
+    def to_native(self, name: str, spec: dict, forward, params: dict[str, Any], trainable: list[str]) -> Any:
+        return ZooModule(name, spec, forward, params, trainable)
 
     def from_native(self, native: Any):
         if not isinstance(native, ZooModule):
             return None
         arrays = {key: value.detach().cpu().numpy() for key, value in native.state_dict().items()}
-        where = device(next(iter(native.state_dict().values())).device)
+        where = self.device_from_native(next(iter(native.state_dict().values())).device)
         return native.model_name, native.spec, arrays, where

@@ -7,18 +7,22 @@ from typing import Any
 
 import torch
 
-from xdevice._device import Device, device
+from xdevice._device import Device
 from xdevice.backends._common import is_numpy_bfloat16, ml_dtype
 
 __all__ = ["Placement", "host_array"]
 
 
 class Placement:
-    def is_array(self, x: Any) -> bool:
-        return isinstance(x, torch.Tensor)
+    def owns(self, x: Any) -> str | None:
+        if isinstance(x, torch.Tensor):
+            return "array"
+        if isinstance(x, torch.nn.Module):
+            return "model"
+        return "device" if isinstance(x, torch.device) else None
 
     def device_of(self, x: Any) -> Device:
-        return device(x.device)
+        return self.device_from_native(x.device)
 
     def to_device(self, x: Any, device: Device) -> Any:
         return x.to(self.native_device(device))
@@ -39,6 +43,9 @@ class Placement:
 
     def zeros(self, shape: tuple[int, ...], dtype: str = "float32") -> Any:
         return torch.zeros(shape, dtype=getattr(torch, dtype))
+
+    def dense(self, x: Any) -> Any:
+        return x.contiguous()
 
 
 def host_array(x: torch.Tensor, copy: bool = False) -> Any:

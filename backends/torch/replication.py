@@ -12,14 +12,18 @@ buffers start as rank 0's (``broadcast``), as DDP's own constructor does.
 
 from __future__ import annotations
 
+import atexit
+import os
 from collections.abc import Callable
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
+from xdevice._errors import ConfigurationError, message
+from xdevice._processes import world
+from xdevice.backends import training
 from xdevice.backends.torch.autodiff import detached
-from xdevice.training import replication
 
 
 class _Objective(torch.nn.Module):
@@ -38,12 +42,10 @@ def _sum_buckets(state, bucket):  # unannotated: DDP checks real annotations, an
     return dist.all_reduce(bucket.buffer(), async_op=True).get_future().then(lambda done: done.value()[0])
 
 
-class ProcessReplicas(replication.Replicas):
+class ProcessReplicas(training.Replicas):
     def __init__(self, backend: Any):
-        from xdevice.training.launch import initialize
-
         super().__init__(backend)
-        initialize("torch")
+        backend.join_processes()
         self.rank, self.count = dist.get_rank(), dist.get_world_size()
         self.ddp = None
 
@@ -90,5 +92,26 @@ class ProcessReplicas(replication.Replicas):
 
 
 class Replication:
+    def join_processes(self) -> None:
+        if dist.is_initialized():
+            return
+        rank, size = world()
+        if "MASTER_ADDR" not in os.environ:
+            raise ConfigurationError(message(
+                "torch.distributed needs the address of rank 0 to join the other processes",
+                expected="MASTER_ADDR and MASTER_PORT (xdevice launch and torchrun set them)", received="unset",
+                fix="start the script with xdevice launch"))
+        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo", init_method="env://",
+                                rank=rank, world_size=size)
+        # left to interpreter exit, gloo's threads can abort the process ("terminate called
+        # without an active exception"): leave the group in order, after every rank is done
+        atexit.register(_leave_group)
+
     def process_replicas(self) -> ProcessReplicas:
         return ProcessReplicas(self)
+
+
+def _leave_group() -> None:
+    if dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()

@@ -228,12 +228,13 @@ _numpy_contexts: dict[int, Context] = {}
 def _numpy_context(ctx: Context) -> Context:
     from xdevice import _registry
 
-    if ctx.backend.name == "numpy":
+    reference = _registry.backend("numpy")  # folding computes on the reference backend
+    if ctx.backend is reference:
         return ctx
     key = id(ctx)
     if key not in _numpy_contexts:
         _numpy_contexts.clear()
-        _numpy_contexts[key] = Context(_registry.backend("numpy"))
+        _numpy_contexts[key] = Context(reference)
     return _numpy_contexts[key]
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-import xdevice
 from xdevice import ConversionError, models
 from xdevice._tolerance import compare
 from xdevice.testing.pytest_plugin import selected_backends

@@ -5,7 +5,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-import xdevice
 from xdevice import ConfigurationError, Trainer, fit, models
 
 OPTIMIZERS = {"sgd": {"lr": 0.1}, "momentum": {"lr": 0.05}, "adam": {"lr": 0.01},

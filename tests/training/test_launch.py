@@ -18,8 +18,10 @@ from xdevice.training.launch import environments
 SCRIPT = textwrap.dedent("""
     import json, sys
     import numpy as np
+    import xdevice
     from xdevice import models, fit
     from xdevice.training.launch import world
+    xdevice.join_processes(sys.argv[2])  # before building the model: JAX and TF join before computing
     rng = np.random.default_rng(0)
     x = rng.normal(size=(96, 6)).astype("float32")
     y = (x[:, 0] > 0).astype("int64")
@@ -116,7 +118,7 @@ UNSEEDED = textwrap.dedent("""
     from xdevice import fit
     from xdevice.training.launch import world
     framework = sys.argv[2]
-    xdevice.backend(framework)  # joins the other processes before the framework computes
+    xdevice.join_processes(framework)  # before the framework computes
     if framework == "torch":
         import torch
         model = torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.ReLU(), torch.nn.Linear(16, 2))

@@ -84,7 +84,7 @@ def test_keras_stages_built_on_two_devices_train_as_one_model():
 
 def test_a_torch_sequential_is_cut_by_parameter_count_and_trains_as_itself():
     torch = pytest.importorskip("torch")
-    from xdevice.training.programs import _balanced
+    from xdevice.backends.torch.training import _balanced
 
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(6, 64), torch.nn.ReLU(), torch.nn.Linear(64, 16),

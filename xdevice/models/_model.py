@@ -52,6 +52,10 @@ class Model:
         self.buffers = [key for key, param in table.items() if not param.trainable]
 
     @property
+    def __xdevice_backend__(self) -> str:
+        return self.backend  # the registry's owner() reads it: a zoo model is its backend's model
+
+    @property
     def ops(self):
         return _registry.backend(self.backend).ops
 

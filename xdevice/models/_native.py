@@ -6,7 +6,8 @@
 - ``"tensorflow"``: a ``tf.Module`` holding one ``tf.Variable`` per name (buffers are
   non-trainable variables); ``module(x, training=True)`` updates them.
 - ``"jax"`` (and ``"numpy"``): ``(apply_fn, params)``, ``params`` a flat dict pytree and
-  ``apply_fn(params, x, train=False)`` pure, as JAX code expects.
+  ``apply_fn(params, x, train=False)`` pure, as JAX code expects. A backend whose
+  ``Backend.to_native`` makes no module gets this form.
 
 ``from_native`` reads the weights back, exactly, into a :class:`Model` on that framework.
 """
@@ -17,6 +18,7 @@ from typing import Any
 
 from xdevice import _registry
 from xdevice._errors import ConversionError, message
+from xdevice.models._functional import Functional, native_forward
 from xdevice.models._model import Model, _place
 
 __all__ = ["to_native", "from_native"]
@@ -32,8 +34,12 @@ def to_native(model: Model, backend: str | None = None) -> Any:
     """
     name = backend or model.backend
     placed = model if name == model.backend else model.to(name)
-    return _registry.backend(name).to_native(placed.name, placed.spec, placed.apply, placed.params,
-                                             placed.trainable)
+    target = _registry.backend(name)
+    module = target.to_native(placed.name, placed.spec, native_forward(placed.apply, target.ops),
+                              placed.params, placed.trainable)
+    if module is not None:
+        return module
+    return Functional(name, placed.name, placed.spec, placed.apply, target.ops), dict(placed.params)
 
 
 def from_native(native: Any) -> Model:
@@ -42,13 +48,19 @@ def from_native(native: Any) -> Model:
     Raises:
         ConversionError: ``native`` was not made by ``to_native``.
     """
-    for backend in _registry.active_backends():
-        found = backend.from_native(native)
-        if found is not None:
-            name, spec, arrays, device = found
-            return _place(name, spec, arrays, backend.name, device, None)
-    raise ConversionError(message(
-        "Not a model made by xdevice.models.to_native",
-        expected="a module or (apply_fn, params) pair from to_native",
-        received=type(native).__qualname__,
-        fix="wrap your weights with xdevice.models.build(...) and to_native(...) first"))
+    if isinstance(native, tuple) and len(native) == 2 and isinstance(native[0], Functional):
+        apply_fn, params = native
+        backend = _registry.backend(apply_fn.backend)
+        arrays = {key: backend.ops.to_numpy(value) for key, value in params.items()}
+        return _place(apply_fn.model_name, apply_fn.spec, arrays, backend.name,
+                      backend.device_of(next(iter(params.values()))), None)
+    found = _registry.owner(native)
+    made = found[0].from_native(native) if found is not None and found[1] == "model" else None
+    if made is None:
+        raise ConversionError(message(
+            "Not a model made by xdevice.models.to_native",
+            expected="a module or (apply_fn, params) pair from to_native",
+            received=type(native).__qualname__,
+            fix="wrap your weights with xdevice.models.build(...) and to_native(...) first"))
+    name, spec, arrays, device = made
+    return _place(name, spec, arrays, found[0].name, device, None)

@@ -134,7 +134,7 @@ def _split(batch: list[_Pending], outputs: Arrays) -> None:
     total = sum(item.rows for item in batch)
     for name, value in outputs.items():
         if len(batch) > 1 and (value.ndim == 0 or value.shape[0] != total):
-            raise ValueError(_not_batchable(name, value.shape, total))
+            raise InferenceError(_not_batchable(name, value.shape, total))
     start = 0
     for item in batch:
         stop = start + item.rows

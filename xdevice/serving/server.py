@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 import orjson
 
-from xdevice._errors import XDeviceError, message
+from xdevice._errors import InferenceError, XDeviceError, message
 from xdevice.serving.batcher import Batcher
 from xdevice.serving.metrics import Metrics, Registry
 from xdevice.serving.protocol import HEADER_LENGTH, BadRequest, InferRequest, decode_request, encode_response
@@ -30,6 +30,10 @@ from xdevice.serving.session import Session
 __all__ = ["Server", "ServerProcess", "create_app", "serve"]
 
 MAX_BODY = 64 * 2**20
+
+
+class ServerNotReady(InferenceError, RuntimeError):
+    """A server that did not start listening, or did not become ready."""
 
 
 @dataclasses.dataclass
@@ -308,8 +312,8 @@ class Server:
         deadline = time.monotonic() + timeout
         while not self.server.started:
             if not self.thread.is_alive() or time.monotonic() > deadline:
-                raise RuntimeError(message("The server did not start", received=self.url,
-                                           fix="is the port free? (port=0 picks a free one)"))
+                raise ServerNotReady(message("The server did not start", received=self.url,
+                                             fix="is the port free? (port=0 picks a free one)"))
             time.sleep(0.01)
         self.port = self.server.servers[0].sockets[0].getsockname()[1]
         return self
@@ -364,8 +368,8 @@ class ServerProcess:
                 pass
             if self.process.poll() is not None or time.monotonic() > deadline:
                 self.__exit__()
-                raise RuntimeError(message("xdevice serve did not become ready", received=" ".join(self.command),
-                                           fix="run that command by hand to see its error"))
+                raise ServerNotReady(message("xdevice serve did not become ready", received=" ".join(self.command),
+                                             fix="run that command by hand to see its error"))
             time.sleep(0.2)
 
     def __exit__(self, *exc) -> None:

@@ -40,7 +40,6 @@ _OPTIMIZATION = {"disable": "ORT_DISABLE_ALL", "basic": "ORT_ENABLE_BASIC",
 _ONNX_TO_NUMPY = {"float": "float32", "double": "float64", "float16": "float16", "bfloat16": "bfloat16",
                   "bool": "bool", "string": "string", **{f"{s}int{b}": f"{s}int{b}" for s in ("", "u")
                                                          for b in (8, 16, 32, 64)}}
-_FRAMEWORKS = ("torch", "jax", "tensorflow")
 _GPU_FIX = ("install the GPU build (pip uninstall onnxruntime && pip install onnxruntime-gpu), "
             "and run `xdevice doctor` to check the CUDA and cuDNN libraries")
 
@@ -143,9 +142,8 @@ class Session:
         for name in wanted:
             if name not in names:
                 raise InferenceError(message("Unknown output name", received=name, choices=names))
-        if to not in (None, "numpy", *_FRAMEWORKS):
-            raise InferenceError(message("Unknown output framework", received=to,
-                                         choices=["numpy", *_FRAMEWORKS]))
+        if to is not None and to not in _registry.backends():
+            raise InferenceError(message("Unknown output framework", received=to, choices=_registry.backends()))
         feeds = self.check_inputs(inputs)
         on_gpu = self.device.kind == "gpu"
         try:
@@ -166,8 +164,7 @@ class Session:
         binding = self._session.io_binding()  # one per call: a binding is not shared between threads
         for name, value in feeds.items():
             if _is_device_array(value):
-                if backend_of(value) == "torch":
-                    value = value.contiguous()
+                value = _registry.backend(backend_of(value)).dense(value)  # ORT reads no strides
                 binding.bind_ortvalue_input(name, ort.OrtValue.from_dlpack(value))
             else:
                 binding.bind_cpu_input(name, to_host(value))

@@ -5,8 +5,11 @@
 - ``optimizers.py``: SGD, momentum, Adam, AdamW over the op set (PyTorch's math);
 - ``losses.py``: cross-entropy, MSE, accuracy; ``data.py``: batches and the prefetcher;
 - ``checkpoint.py``: safetensors + JSON; ``history.py``: history, progress, plot;
-- ``replication.py``: ``replicate`` and the hooks every backend's engine fills in;
-- ``launch.py``: ``xdevice launch`` and joining the launched processes' groups.
+- ``replication.py``: ``replicate``, over the hooks every backend's engine fills in;
+- ``launch.py``: ``xdevice launch``, the environment it gives each process.
+
+The program and replicas contracts that backends build on live in
+``xdevice.backends.training``; each backend's ``training.py`` adapts its own models.
 
 Importing this package imports no framework.
 """

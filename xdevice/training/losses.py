@@ -55,5 +55,5 @@ def _lookup(value: str | Callable, table: dict[str, Callable], what: str) -> Cal
         return value
     if value not in table:
         raise ConfigurationError(message(f"Unknown {what}", received=value, choices=sorted(table),
-                                         fix=f"pass one of these names, or a function (ops, outputs, targets)"))
+                                         fix="pass one of these names, or a function (ops, outputs, targets)"))
     return table[value]

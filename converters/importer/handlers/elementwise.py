@@ -10,6 +10,7 @@ import math
 
 import numpy as np
 
+from xdevice.backends.opset import numpy_dtype
 from xdevice.converters.importer.interpreter import onnx_dtype
 from xdevice.converters.importer.registry import handler
 
@@ -240,8 +241,6 @@ _FLOAT8_MAX = {"float8_e4m3fn": 448.0, "float8_e4m3fnuz": 240.0, "float8_e5m2": 
 def _cast_strings(x: np.ndarray, to: str) -> np.ndarray:
     if to == "string":
         return np.vectorize(_format_number, otypes=[object])(x) if x.dtype.kind not in "OSU" else x.astype(object)
-    from xdevice.backends.numpy.ops import numpy_dtype
-
     return x.astype(str).astype(numpy_dtype(to) if to != "bool" else bool)
 
 

@@ -15,7 +15,7 @@ import math
 import numpy as np
 
 from xdevice._errors import ConversionError, UnsupportedOp, message
-from xdevice.converters.importer.handlers.nn import conv_settings
+from xdevice.converters.importer.handlers.convolution import conv_settings
 from xdevice.converters.importer.interpreter import onnx_dtype
 from xdevice.converters.importer.registry import handler
 

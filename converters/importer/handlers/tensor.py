@@ -16,6 +16,7 @@ import math
 import numpy as np
 
 from xdevice._errors import ConversionError, UnsupportedOp, message
+from xdevice.backends.opset import numpy_dtype
 from xdevice.converters.importer.interpreter import onnx_dtype
 from xdevice.converters.importer.registry import handler
 
@@ -34,12 +35,6 @@ def _axes(axes, rank: int) -> list[int]:
 
 def _invalid(node, what: str, **parts) -> ConversionError:
     return ConversionError(message(f"{node.op} node {node.name!r}: {what}", **parts))
-
-
-def _numpy_dtype(name: str):
-    from xdevice.backends.numpy.ops import numpy_dtype
-
-    return numpy_dtype(name)
 
 
 def _keep_dtype(ctx, y, dtype: str):
@@ -432,7 +427,7 @@ def _range(start, limit, delta, stash: int | None):
     start, limit, delta = (np.asarray(v).reshape(()) for v in (start, limit, delta))
     dtype = start.dtype
     if stash is not None and dtype.name in ("float16", "bfloat16"):  # Range-27: count in float32/64
-        wide = _numpy_dtype(onnx_dtype(stash))
+        wide = numpy_dtype(onnx_dtype(stash))
         return np.arange(start.astype(wide), float(limit), float(delta), dtype=wide).astype(dtype)
     return np.arange(start.item(), limit.item(), delta.item()).astype(dtype)
 
@@ -465,7 +460,7 @@ def one_hot(ctx, node, indices, depth, values):
 def eye_like(ctx, node, x):
     rows, cols = ctx.ops.shape(x)
     dtype = onnx_dtype(node.attr("dtype")) if node.attr("dtype") is not None else ctx.ops.dtype(x)
-    return np.eye(rows, cols, k=node.attr("k", 0)).astype(_numpy_dtype(dtype))
+    return np.eye(rows, cols, k=node.attr("k", 0)).astype(numpy_dtype(dtype))
 
 
 @handler("Trilu", since=14, static=(1,))

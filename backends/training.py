@@ -1,0 +1,117 @@
+"""The training contract: :class:`Program` and :class:`Replicas`, what a trainer steps through.
+
+A backend's ``training.py`` builds a :class:`Program` from the framework's own models, and its
+``replication.py`` builds :class:`Replicas` from its engine; the trainer
+(``xdevice.training``) uses nothing else. Both live here, beside ``base.py``, so that backends
+build on them without importing the training package.
+
+A *program* is the one shape every model takes inside the trainer: trainable ``params`` and
+``buffers`` (dicts of the backend's arrays on the training device), a pure
+``forward(params, buffers, x, train) -> (outputs, buffers)``, and ``write_back`` to put trained
+values into the user's own object. ``precision="bfloat16"`` casts params and inputs to bfloat16
+inside ``forward`` and the outputs back to float32, so gradients reach the float32 master
+weights.
+
+A *replicas* object is what the step (and a custom loop) asks about placement and agreement;
+the step stays the same on one device, several, or several processes:
+
+- ``place_params(arrays)``: the arrays on every replica (copies of the first one's);
+- ``place_batch(x, y)``: the global batch split along axis 0 across the replicas;
+- inside the step, ``weight(x)``: this replica's share of the global rows; ``sum(tree)``: the
+  sum over replicas; ``value_and_grad(objective, params)``: ``((loss, aux), grads)`` where
+  ``grads`` is the gradient of the global batch (the replicas' weighted gradients summed);
+- ``compile(step)``: ``step`` compiled and run on every replica, the first one's results back.
+
+:class:`Replicas` itself is the one-device case and the defaults the engines build on.
+Importing this module imports no framework.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from xdevice import _registry
+from xdevice._device import Device
+from xdevice._errors import ConfigurationError, message
+
+__all__ = ["PRECISIONS", "Program", "Replicas"]
+
+PRECISIONS = ("float32", "bfloat16")
+
+
+class Program:
+    """Base: a zoo-style forward over ``backend``'s op set."""
+
+    compiles_whole = True  # the whole training step compiles as one program (jax.jit, tf.function)
+
+    def __init__(self, backend: str, device: Device, params: dict, buffers: dict):
+        self.backend = _registry.backend(backend)
+        self.ops = self.backend.ops
+        self.device, self.params, self.buffers = device, params, buffers
+        self.precision = "float32"
+
+    def forward(self, params: dict, buffers: dict, x: Any, train: bool) -> tuple[Any, dict]:
+        if self.precision == "bfloat16":
+            params = {k: self._low(v) for k, v in params.items()}
+            x = self._low(x)
+        out, buffers = self.run(params, buffers, x, train)
+        if self.precision == "bfloat16":
+            out = self.ops.cast(out, "float32")
+        return out, buffers
+
+    def _low(self, value: Any) -> Any:
+        return self.ops.cast(value, "bfloat16") if self.ops.dtype(value) == "float32" else value
+
+    def run(self, params: dict, buffers: dict, x: Any, train: bool) -> tuple[Any, dict]:
+        raise NotImplementedError
+
+    def write_back(self) -> None:
+        """Put ``self.params`` and ``self.buffers`` into the user's object."""
+
+    def device_for(self, name: str) -> Device | None:
+        """Where the array called ``name`` (a param, buffer or optimizer slot ``slot/param``)
+        lives; None: where it was made (an uncommitted scalar such as the step count)."""
+        return self.device
+
+    def result(self) -> Any:
+        """The trained object to hand back (the user's own, or a new JAX pair)."""
+        raise NotImplementedError
+
+    def set_precision(self, precision: str) -> None:
+        if precision not in PRECISIONS:
+            raise ConfigurationError(message("Unknown precision", received=precision, choices=PRECISIONS))
+        if precision == "bfloat16" and not self.backend.supports_bfloat16:
+            able = [name for name in _registry.backends() if name != self.backend.name]
+            raise ConfigurationError(message(
+                f"The {self.backend.title} backend has no bfloat16 compute", received="precision='bfloat16'",
+                choices=able, fix="train on another backend, or use float32"))
+        self.precision = precision
+
+
+class Replicas:
+    """One device: nothing to split, sum or weigh. The defaults backends build on."""
+
+    rank, count = 0, 1  # this replica's index (processes); how many replicas
+
+    def __init__(self, backend: Any):
+        self.backend = backend
+
+    def place_params(self, arrays: dict[str, Any]) -> dict[str, Any]:
+        return arrays
+
+    def place_batch(self, x: Any, y: Any) -> tuple[Any, Any]:
+        return x, y
+
+    def weight(self, x: Any) -> Any:
+        return 1.0
+
+    def sum(self, tree: Any) -> Any:
+        return tree
+
+    def value_and_grad(self, objective: Callable, params: dict[str, Any]) -> tuple[tuple[Any, Any], dict[str, Any]]:
+        (value, aux), grads = self.backend.value_and_grad(objective, params, has_aux=True)
+        return (value, aux), self.sum(grads)
+
+    def compile(self, step: Callable) -> Callable:
+        return self.backend.jit(step)

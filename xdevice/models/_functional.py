@@ -1,0 +1,48 @@
+"""A zoo model outside ``Model``: the functional ``(apply_fn, params)`` form, and the
+forward pass that every backend's native module runs."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+__all__ = ["Functional", "native_forward"]
+
+
+def native_forward(apply: Callable[..., Any], ops: Any) -> Callable[..., tuple[Any, dict[str, Any]]]:
+    """``forward(weights, x, training) -> (output, updated buffers)`` ({} in inference): the
+    zoo model ``apply`` over ``ops``, as ``Backend.to_native`` receives it."""
+
+    def forward(weights: dict[str, Any], x: Any, training: bool) -> tuple[Any, dict[str, Any]]:
+        if not training:
+            return apply(ops, weights, x, train=False), {}
+        return apply(ops, weights, x, train=True)
+
+    return forward
+
+
+class Functional:
+    """``apply_fn(params, x, train=False)``: a zoo model's pure function over one backend's ops.
+
+    It carries the model's name and spec so ``from_native`` can rebuild the model, and names
+    its backend (``__xdevice_backend__``), so the pair it makes is that backend's model.
+    """
+
+    def __init__(self, backend: str, name: str, spec: dict, apply: Callable[..., Any], ops: Any):
+        self.backend, self.model_name, self.spec = backend, name, spec
+        self._apply, self._ops = apply, ops
+
+    @property
+    def __xdevice_backend__(self) -> str:
+        return self.backend
+
+    def over(self, ops: Any) -> Functional:
+        """The same function computed with another implementation of the op set (an
+        exporter's, say)."""
+        return Functional(self.backend, self.model_name, self.spec, self._apply, ops)
+
+    def __call__(self, params: dict[str, Any], x: Any, train: bool = False) -> Any:
+        return self._apply(self._ops, params, self._ops.asarray(x), train=train)
+
+    def __repr__(self) -> str:
+        return f"<{self.backend} apply_fn of zoo model {self.model_name!r}>"
