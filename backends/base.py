@@ -184,6 +184,14 @@ class Backend(abc.ABC):
         """``fn`` compiled the framework's way (``jax.jit``, ``tf.function``; PyTorch runs
         eagerly, so ``fn`` itself)."""
 
+    def capture(self, fn: Callable[..., Any], *example_args: Any) -> Callable[..., Any]:
+        """``fn`` (a pure function of pytrees of this framework's arrays) as the framework's
+        own program for arguments like ``example_args`` (same shapes and dtypes): the Python
+        around the ops runs once, when it is traced. By default :meth:`jit`; PyTorch traces a
+        ``torch.fx.GraphModule`` (``make_fx`` on fake tensors), which ``torch.compile`` and
+        ``torch.export`` take as it is. A trace that needs concrete data raises."""
+        return self.jit(fn)
+
     # -- native.py (optional: by default a zoo model's native form is a function) ---------
 
     def to_native(self, name: str, spec: dict, forward: Callable[..., Any], params: dict[str, Any],

@@ -548,6 +548,60 @@ class Ops(abc.ABC):
             scores = self.where(mask, scores, masked_score(self.dtype(scores)))
         return self.matmul(self.softmax(scores, axis=-1), v)
 
+    # -- optimizer updates over many tensors (xdevice.training.optimizers): PyTorch's rules ----
+
+    def sgd_update(self, params: list[Array], grads: list[Array], buffers: list[Array] | None, *,
+                   lr: float, momentum: float = 0.0, nesterov: bool = False, weight_decay: float = 0.0,
+                   inplace: bool = False) -> tuple[list[Array], list[Array] | None]:
+        """One step of ``torch.optim.SGD`` over every tensor: ``(params, momentum buffers)``.
+
+        ``buffers`` are the momentum buffers (None without momentum). With ``inplace`` a backend
+        may write the results into ``params`` and ``buffers`` and return those: the caller
+        promises to keep no old values (the trainer does); the math is the same either way.
+        """
+        new_params, new_buffers = [], []
+        for i, (param, grad) in enumerate(zip(params, grads)):
+            grad = self.cast(grad, self.dtype(param))
+            if weight_decay:
+                grad = self.add(grad, self.multiply(param, weight_decay))
+            if momentum:
+                buffer = self.add(self.multiply(buffers[i], momentum), grad)
+                new_buffers.append(buffer)
+                grad = self.add(grad, self.multiply(buffer, momentum)) if nesterov else buffer
+            new_params.append(self.subtract(param, self.multiply(grad, lr)))
+        return new_params, new_buffers if momentum else None
+
+    def adam_update(self, params: list[Array], grads: list[Array], m: list[Array], v: list[Array],
+                    step: Array, *, lr: float, beta1: float, beta2: float, eps: float,
+                    weight_decay: float = 0.0, decoupled: bool = False, inplace: bool = False
+                    ) -> tuple[list[Array], list[Array], list[Array]]:
+        """One step of ``torch.optim.Adam`` (``decoupled``: ``AdamW``) over every tensor, at
+        ``step`` (counted from 1): ``(params, m, v)``. Bias corrections are computed once per
+        step and dtype. ``inplace`` as in :meth:`sgd_update`."""
+        corrections: dict[str, tuple[Array, Array]] = {}
+        new_params, new_m, new_v = [], [], []
+        for param, grad, m_i, v_i in zip(params, grads, m, v):
+            dtype = self.dtype(param)
+            if dtype not in corrections:
+                t, one = self.cast(step, dtype), self.asarray(1.0, dtype)
+                corrections[dtype] = (self.subtract(one, self.power(self.asarray(beta1, dtype), t)),
+                                      self.subtract(one, self.power(self.asarray(beta2, dtype), t)))
+            correction1, correction2 = corrections[dtype]
+            grad = self.cast(grad, dtype)
+            if weight_decay and decoupled:
+                param = self.multiply(param, 1 - lr * weight_decay)
+            elif weight_decay:
+                grad = self.add(grad, self.multiply(param, weight_decay))
+            m_i = self.add(self.multiply(m_i, beta1), self.multiply(grad, 1 - beta1))
+            v_i = self.add(self.multiply(v_i, beta2), self.multiply(self.square(grad), 1 - beta2))
+            # PyTorch's order of operations: lr / c1 * m / (sqrt(v) / sqrt(c2) + eps)
+            denominator = self.add(self.divide(self.sqrt(v_i), self.sqrt(correction2)), eps)
+            change = self.multiply(self.divide(self.asarray(lr, dtype), correction1), self.divide(m_i, denominator))
+            new_params.append(self.subtract(param, change))
+            new_m.append(m_i)
+            new_v.append(v_i)
+        return new_params, new_m, new_v
+
     def swap_last(self, x: Array) -> Array:
         """``x`` with its last two axes swapped."""
         rank = len(self.shape(x))

@@ -1,12 +1,21 @@
-"""The conversion matrix: each zoo model from each framework to ONNX, and back into every backend.
+"""The conversion matrix, and how fast an imported model runs.
 
-For every model and source framework: export to ONNX (verified), then import the ONNX
-model on torch, tensorflow, jax and numpy and run it in ONNX Runtime; print the max abs
-error of each target against the source framework's own output, the export and import
-times, and ONNX Runtime's speed-up over the source framework's eager forward pass at
-batch 64, measured in the same run (medians). Run:
+1. ``--parts matrix``: for every model and source framework, export to ONNX (verified), then
+   import the ONNX model on torch, tensorflow, jax and numpy and run it in ONNX Runtime; print
+   the max abs error of each target against the source framework's own output, the export and
+   import times, and ONNX Runtime's speed-up over the source framework's eager forward pass at
+   batch 64, measured in the same run (medians).
+2. ``--parts speed``: every zoo model exported from each backend and imported back onto the
+   same backend, run as a user of that framework runs a model (``imported(x)``: compiled with
+   ``jax.jit`` / ``tf.function`` where the backend compiles, PyTorch eager under ``no_grad``),
+   against the zoo model run the same way (``zoo.py``'s runner) and against ONNX Runtime on the
+   same file, at batch 1 and 32; median (min-max) ms over rounds taken in turns, and the
+   ratios imported / zoo and imported / ONNX Runtime (targets: 1.2x and, at batch 32, 1.5x).
 
-    .venv/bin/python benchmarks/convert.py [--models cnn] [--sources torch] [--repeats 20]
+Every framework and ONNX Runtime run on ``--threads`` threads. Run:
+
+    .venv/bin/python benchmarks/convert.py [--parts matrix speed] [--models cnn] [--sources torch]
+                                           [--repeats 20] [--threads 1]
 """
 
 from __future__ import annotations
@@ -16,6 +25,7 @@ import statistics
 import time
 
 import numpy as np
+from _timing import THREADS_HELP, cell, interleaved, ort_options, pin_threads, ratio_cell
 
 import xdevice
 from xdevice import models
@@ -57,13 +67,42 @@ def eager_source(model, source: str):
     return (lambda x: apply_fn(params, x)), backend
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--models", nargs="+", default=list(models.NAMES))
-    parser.add_argument("--sources", nargs="+", default=[b for b in ("torch", "tensorflow", "jax")
-                                                         if b in xdevice.backends()])
-    parser.add_argument("--repeats", type=int, default=20)
-    args = parser.parse_args()
+def speed(names: list[str], sources: list[str], repeats: int) -> None:
+    """Imported onto its own backend against the zoo model and ONNX Runtime (part 2)."""
+    import onnxruntime
+
+    from zoo import zoo_runner
+
+    print("imported = the zoo model exported from the backend and imported back onto it; ms per call, "
+          "median (min-max) of rounds taken in turns")
+    print(f"{'model':<12} {'backend':<11} {'batch':>5} {'imported ms':>20} {'zoo ms':>20} {'ORT ms':>20} "
+          f"{'imported/zoo':>18} {'imported/ORT':>18}")
+    for name in names:
+        model = models.build(name, seed=0)
+        for source in sources:
+            placed = model.to(source)
+            backend = xdevice.backend(source)
+            result = export(placed, example_inputs=model.example_input(4))
+            imported = from_onnx(result.model, backend=source)
+            zoo = zoo_runner(placed, source)
+            session = onnxruntime.InferenceSession(result.model.SerializeToString(), ort_options(),
+                                                   providers=["CPUExecutionProvider"])
+            feed_name = session.get_inputs()[0].name
+            for batch in (1, 32):
+                x = model.example_input(batch, seed=1)
+                xin = backend.ops.asarray(x)
+                to_numpy = backend.ops.to_numpy
+                sides = {"imported": lambda: to_numpy(imported(xin)), "zoo": lambda: to_numpy(zoo(xin)),
+                         "ort": lambda: session.run(None, {feed_name: x})}
+                times = interleaved(sides, samples=repeats, inner=1, warmup=3, budget=20)
+                print(f"{name:<12} {source:<11} {batch:>5} {cell(times['imported'], 'ms'):>20} "
+                      f"{cell(times['zoo'], 'ms'):>20} {cell(times['ort'], 'ms'):>20} "
+                      f"{ratio_cell(times['imported'], times['zoo']):>18} "
+                      f"{ratio_cell(times['imported'], times['ort']):>18}", flush=True)
+
+
+def matrix(names: list[str], sources: list[str], repeats: int) -> None:
+    """Errors of every target against the source, and times (part 1)."""
     import onnxruntime
 
     print(f"max abs error of each target against the source framework (batch {BATCH}); times in seconds;")
@@ -72,10 +111,10 @@ def main() -> None:
     print(header + f" {'import s':>8} {'ORT x':>6}")
     for target in TARGETS[:-1]:  # start each framework first: import times are then the import's own
         xdevice.backend(target).ops.to_numpy(xdevice.backend(target).ops.asarray(np.ones(2, np.float32)) * 2)
-    for name in args.models:
+    for name in names:
         model = models.build(name, seed=0)
         x = model.example_input(BATCH, seed=1)
-        for source in args.sources:
+        for source in sources:
             result = export(model.to(source), example_inputs=x[:8])
             run_source, backend = eager_source(model, source)
             xin = backend.ops.asarray(x)
@@ -83,7 +122,7 @@ def main() -> None:
             errors, import_seconds = [], []
             for target in TARGETS:
                 if target == "onnxruntime":
-                    session = onnxruntime.InferenceSession(result.model.SerializeToString(),
+                    session = onnxruntime.InferenceSession(result.model.SerializeToString(), ort_options(),
                                                            providers=["CPUExecutionProvider"])
                     feed = {session.get_inputs()[0].name: x}
                     got = session.run(None, feed)[0]
@@ -93,10 +132,26 @@ def main() -> None:
                     import_seconds.append(time.perf_counter() - start)
                     got = xdevice.backend(target).ops.to_numpy(imported(x))
                 errors.append(float(np.max(np.abs(np.asarray(got, dtype=np.float64) - expected))))
-            source_ms = median_ms(lambda: backend.ops.to_numpy(run_source(xin)), args.repeats)
-            ort_ms = median_ms(lambda: session.run(None, feed), args.repeats)
+            source_ms = median_ms(lambda: backend.ops.to_numpy(run_source(xin)), repeats)
+            ort_ms = median_ms(lambda: session.run(None, feed), repeats)
             print(f"{name:<12} {source:<11} {result.seconds:>8.1f} " + " ".join(f"{e:>11.1e}" for e in errors)
                   + f" {max(import_seconds):>8.2f} {source_ms / ort_ms:>6.1f}", flush=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--parts", nargs="+", default=["matrix", "speed"], choices=["matrix", "speed"])
+    parser.add_argument("--models", nargs="+", default=list(models.NAMES))
+    parser.add_argument("--sources", nargs="+", default=[b for b in ("torch", "tensorflow", "jax")
+                                                         if b in xdevice.backends()])
+    parser.add_argument("--repeats", type=int, default=20)
+    parser.add_argument("--threads", type=int, default=1, help=THREADS_HELP)
+    args = parser.parse_args()
+    print(pin_threads(args.threads, frameworks=tuple(args.sources)))
+    if "matrix" in args.parts:
+        matrix(args.models, args.sources, args.repeats)
+    if "speed" in args.parts:
+        speed(args.models, args.sources, args.repeats)
 
 
 if __name__ == "__main__":

@@ -31,7 +31,7 @@ The numpy reference backend is slow (about a second a step for the resnet on two
 are measured on the first other backend. Run:
 
     .venv/bin/python benchmarks/train.py [--models cnn lstm] [--backends torch jax] [--steps 30]
-                                         [--batch 64] [--warmup 3] [--max-seconds 10]
+                                         [--batch 64] [--warmup 3] [--max-seconds 10] [--threads 1]
                                          [--parts speed stalls scaling] [--scaling-on cpu --cpu-devices 2]
 """
 
@@ -43,6 +43,7 @@ import statistics
 import time
 
 import numpy as np
+from _timing import THREADS_HELP, cell, interleaved, pin_threads, ratio_cell
 
 import xdevice
 from xdevice import Trainer, models
@@ -230,24 +231,29 @@ def speed(names: list[str], backends: list[str], skipped: list[str], device: str
           steps: int, budget: float) -> None:
     """Steps/s of xdevice's step against the native loop, per model and backend (part 1)."""
     missing = f"; not installed: {', '.join(skipped)}" if skipped else ""
-    print(f"training steps/s at batch {batch}, Adam lr {LR}, on {device}; median of up to {steps} "
-          f"timed steps after {warmup} warm-up steps{missing}")
-    print("ratio = xdevice steps/s / native steps/s, measured in turns; ms = median step time")
-    print(f"{'model':<12} {'backend':<11} {'xdevice/s':>10} {'native/s':>9} {'ratio':>6}  "
-          f"{'xdevice ms':>10} {'native ms':>9}")
+    print(f"training steps/s at batch {batch}, Adam lr {LR}, on {device}; up to {steps} timed steps "
+          f"each after {warmup} warm-up steps, taken in turns{missing}")
+    print("ms = step time, median (min-max); ratio = xdevice steps/s / native steps/s (of the medians, "
+          "with the spread of the per-step ratios)")
+    print(f"{'model':<12} {'backend':<11} {'xdevice/s':>10} {'native/s':>9} {'ratio':>20}  "
+          f"{'xdevice ms':>20} {'native ms':>20}")
     for name in names:
         for backend in backends:
             model = models.build(name, backend=backend, device=device, seed=0)
             x, y = batch_for(model, batch)
             trainer = Trainer(model, "cross_entropy", "adam", lr=LR)
-            timing = dict(warmup=warmup, steps=steps, budget=budget)
+            sides = {"xdevice": lambda: trainer.step(x, y)}
             if backend in NATIVE:
                 twin = models.build(name, backend=backend, device=device, seed=0)
-                ours, native = timed(lambda: trainer.step(x, y), NATIVE[backend](twin, x, y), **timing)
+                sides["native"] = NATIVE[backend](twin, x, y)
+            times = interleaved(sides, samples=steps, warmup=warmup, budget=budget * len(sides))
+            ours = statistics.median(times["xdevice"])
+            if "native" in times:
+                native = statistics.median(times["native"])
+                shown = (f"{1 / native:>9.1f} {ratio_cell(times['native'], times['xdevice']):>20}  "
+                         f"{cell(times['xdevice'], 'ms'):>20} {cell(times['native'], 'ms'):>20}")
             else:
-                (ours,), native = timed(lambda: trainer.step(x, y), **timing), None
-            shown = (f"{1 / native:>9.1f} {native / ours:>6.2f}  {ours * 1e3:>10.2f} {native * 1e3:>9.2f}"
-                     if native else f"{'-':>9} {'-':>6}  {ours * 1e3:>10.2f} {'-':>9}")
+                shown = f"{'-':>9} {'-':>20}  {cell(times['xdevice'], 'ms'):>20} {'-':>20}"
             print(f"{name:<12} {backend:<11} {1 / ours:>10.1f} {shown}", flush=True)
 
 
@@ -266,7 +272,9 @@ def main() -> None:
     parser.add_argument("--scaling-on", default="gpu", choices=["gpu", "cpu"],
                         help="cpu: scale over --cpu-devices virtual CPUs (tries the path; no speed-up to expect)")
     parser.add_argument("--cpu-devices", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=1, help=THREADS_HELP)
     args = parser.parse_args()
+    print(pin_threads(args.threads, frameworks=tuple(args.backends)))
     if args.scaling_on == "cpu":
         xdevice.configure(cpu_devices=args.cpu_devices)
 

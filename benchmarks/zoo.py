@@ -3,20 +3,20 @@
 For each model and backend: the zoo model (``apply`` over the op set) and a hand-written
 native network loaded with the same weights (their outputs are compared first, so the two
 really are the same network), both at batch 64 and in the framework's fast mode
-(``jax.jit``, ``tf.function``, PyTorch eager under ``no_grad``). Prints medians and the
-ratio zoo / native measured in the same run; 1.00 means no overhead. The zoo runs the way
-a user of each framework runs it (``zoo_runner``). Run:
+(``jax.jit``, ``tf.function``, PyTorch eager under ``no_grad``). The two take turns call by
+call on ``--threads`` threads per framework; prints median (min-max) ms and the ratio zoo /
+native of the medians (with the spread of the per-round ratios); 1.00 means no overhead.
+The zoo runs the way a user of each framework runs it (``zoo_runner``). Run:
 
-    .venv/bin/python benchmarks/zoo.py [--models cnn lstm] [--backends torch] [--repeats 30]
+    .venv/bin/python benchmarks/zoo.py [--models cnn lstm] [--backends torch] [--repeats 30] [--threads 1]
 """
 
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
 
 import numpy as np
+from _timing import THREADS_HELP, cell, interleaved, pin_threads, ratio_cell
 
 import xdevice
 from xdevice import models
@@ -331,26 +331,17 @@ def zoo_runner(model, backend_name):
     return tf.function(models.to_native(model, "tensorflow"))
 
 
-def median_ms(fn, x, repeats: int, sync) -> float:
-    for _ in range(3):
-        sync(fn(x))
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        sync(fn(x))
-        times.append((time.perf_counter() - start) * 1000)
-    return statistics.median(times)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", nargs="+", default=list(models.NAMES))
     parser.add_argument("--backends", nargs="+", default=[b for b in NATIVE if b in xdevice.backends()])
     parser.add_argument("--repeats", type=int, default=30)
+    parser.add_argument("--threads", type=int, default=1, help=THREADS_HELP)
     args = parser.parse_args()
-
-    print(f"batch {BATCH}, median of {args.repeats} runs after 3 warm-ups; ratio = zoo / native (1.00 = no overhead)")
-    print(f"{'model':<12} {'backend':<11} {'zoo ms':>8} {'native ms':>10} {'ratio':>6}  same output")
+    print(pin_threads(args.threads, frameworks=tuple(args.backends)))
+    print(f"batch {BATCH}, {args.repeats} rounds after 3 warm-ups, zoo and native in turns; "
+          "ms median (min-max); ratio = zoo / native (1.00 = no overhead)")
+    print(f"{'model':<12} {'backend':<11} {'zoo ms':>20} {'native ms':>20} {'ratio':>18}  same output")
     for name in args.models:
         model = models.build(name, seed=0)
         x = model.example_input(BATCH, seed=1)
@@ -361,19 +352,12 @@ def main() -> None:
             native = NATIVE[backend_name](name, model.spec, weights)
             xin = backend.ops.asarray(x)
             same = compare(backend.ops.to_numpy(native(xin)), backend.ops.to_numpy(zoo_run(xin)), "float32")
-
-            def sync(y, ops=backend.ops):
-                return ops.to_numpy(y)
-
-            # interleave the two so that machine noise hits both alike
-            zoo_ms, native_ms = [], []
-            for _ in range(3):
-                zoo_ms.append(median_ms(zoo_run, xin, max(args.repeats // 3, 3), sync))
-                native_ms.append(median_ms(native, xin, max(args.repeats // 3, 3), sync))
-            z, n = statistics.median(zoo_ms), statistics.median(native_ms)
-            print(f"{name:<12} {backend_name:<11} {z:>8.2f} {n:>10.2f} {z / n:>6.2f}  "
+            to_numpy = backend.ops.to_numpy  # every call is waited for
+            times = interleaved({"zoo": lambda: to_numpy(zoo_run(xin)), "native": lambda: to_numpy(native(xin))},
+                                samples=args.repeats, warmup=3, budget=30)
+            print(f"{name:<12} {backend_name:<11} {cell(times['zoo'], 'ms'):>20} {cell(times['native'], 'ms'):>20} "
+                  f"{ratio_cell(times['zoo'], times['native']):>18}  "
                   f"{'yes' if same.ok else 'NO: ' + same.describe()}", flush=True)
-
 
 if __name__ == "__main__":
     main()

@@ -1,5 +1,7 @@
 """Discovery: the machine view starts nothing; each framework's own view; clear misses."""
 
+import json
+
 import pytest
 
 import xdevice
@@ -67,3 +69,73 @@ def test_cuda_visible_devices_is_read_the_way_cuda_reads_it(env, expected, monke
         assert visible_gpu_indices(["GPU-a", "GPU-b", "GPU-c"]) == expected
     else:
         assert visible_gpu_indices(["GPU-a", "GPU-b", "GPU-c"], env=env) == expected
+
+
+HOT_CALLS = """
+    import json, importlib.metadata, sys
+    import numpy as np
+    import xdevice
+    from xdevice import _discovery, _registry, models
+    def touched(*args, **kwargs):
+        raise AssertionError("a hot call read the machine again")
+    arrays = [np.ones(3)] + [xdevice.convert(np.ones(3), to=n) for n in xdevice.backends() if n != "numpy"]
+    models.build("mlp", hidden=[4], backend=xdevice.backends()[-1])   # the first calls read everything
+    for name in ("_cpu", "nvml_physical_gpus", "nvml_gpus", "_read_keyed"):
+        setattr(_discovery, name, touched)
+    importlib.metadata.distributions = importlib.metadata.version = touched
+    _registry.gpu_build = touched
+    for x in arrays:
+        xdevice.to_device(x, "cpu"), xdevice.device_of(x), xdevice.backend_of(x), xdevice.convert(x, to="numpy")
+        with xdevice.on("cpu:0"):
+            pass
+    xdevice.find("cpu"), xdevice.devices()
+    models.build("mlp", hidden=[4], backend=xdevice.backends()[-1])
+    print(json.dumps("ok"))
+"""
+
+
+def test_no_hot_call_reads_the_machine_again_after_the_first(run_python):
+    result = run_python(HOT_CALLS)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.strip() == '"ok"'
+
+
+def test_configure_refreshes_what_is_visible(run_python):
+    """Two GPUs as NVML would report them; hiding one with configure() is seen at once."""
+    result = run_python("""
+        import json
+        import xdevice
+        from xdevice import _configure, _discovery
+        fake = lambda: [(f"GPU-{i}", dict(name=f"gpu {i}", vendor="nvidia", memory_total=2**30,
+                                          memory_free=2**30, compute_capability=(9, 0))) for i in range(2)]
+        _discovery.nvml_physical_gpus = _configure.nvml_physical_gpus = fake
+        before = [d.name for d in xdevice.devices(kind="gpu")]
+        xdevice.configure(visible=["gpu:1"], backends=["numpy"])
+        print(json.dumps([before, [(str(d), d.name) for d in xdevice.devices(kind="gpu")]]))
+    """)
+    assert result.returncode == 0, result.stderr[-3000:]
+    before, after = json.loads(result.stdout)
+    assert before == ["gpu 0", "gpu 1"] and after == [["gpu:0", "gpu 1"]]
+
+
+def test_a_backend_installed_later_is_found_after_a_refresh(tmp_path, run_python):
+    (tmp_path / "site").mkdir()
+    result = run_python(f"""
+        import json, pathlib, sys
+        sys.path.insert(0, {str(tmp_path / "site")!r})
+        import xdevice
+        before = xdevice.backends()
+        site = pathlib.Path({str(tmp_path / "site")!r})
+        (site / "fakeframework.py").write_text("")
+        dist = site / "fake_backend-1.0.dist-info"
+        dist.mkdir()
+        (dist / "METADATA").write_text("Metadata-Version: 2.1\\nName: fake-backend\\nVersion: 1.0\\n")
+        (dist / "entry_points.txt").write_text(
+            "[xdevice.backends]\\nfakeframework = xdevice.backends.numpy:NumpyBackend\\n")
+        cached = xdevice.backends()
+        xdevice.devices(refresh=True)
+        print(json.dumps(["fakeframework" in before, "fakeframework" in cached, "fakeframework" in xdevice.backends(),
+                          "fakeframework" in xdevice.devices()[0].backends]))
+    """)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert json.loads(result.stdout) == [False, False, True, True]

@@ -119,6 +119,6 @@ def test_the_owner_of_a_type_is_remembered_and_containers_are_not():
     from xdevice import _registry
 
     _registry.owner(np.zeros(1))
-    assert _registry._owners[np.ndarray] == ("numpy", "array")
+    assert _registry._owners[np.ndarray] == (xdevice.backend("numpy"), "array")
     _registry.owner((lambda p, x: x, {"w": np.ones(2)}))
     assert tuple not in _registry._owners

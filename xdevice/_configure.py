@@ -23,7 +23,7 @@ import os
 import threading
 
 from xdevice import _registry
-from xdevice._discovery import nvml_gpus, nvml_physical_gpus, visible_gpu_indices
+from xdevice._discovery import clear_cache, nvml_gpus, nvml_physical_gpus, visible_gpu_indices
 from xdevice._errors import ConfigurationError, DeviceNotFound, message
 from xdevice._types import Applied, Config, ConfigReport
 
@@ -90,6 +90,7 @@ def configure(
                 _refuse_unsupported(entries)
             report += entries
             _applied[target.name] = (config, entries)
+        clear_cache()  # what is visible, and how many CPU devices, may have changed
     logger.info("xdevice.configure:\n%s", report)
     return report
 

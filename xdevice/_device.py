@@ -14,6 +14,7 @@ are GPUs too.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import re
 from typing import Any
 
@@ -140,6 +141,7 @@ def device(spec: Any) -> Device:
     )
 
 
+@functools.lru_cache(maxsize=512)  # a Device is immutable: one parse per spelling
 def _parse_name(text: str) -> Device:
     match = _NAME.match(text.strip().lower())
     if match is None or match["kind"] not in _ALIASES:

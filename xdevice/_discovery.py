@@ -7,6 +7,12 @@ metadata: ``_registry.gpu_build``), without importing the framework.
 
 A framework's own view (``devices(backend="jax")``) asks the framework, which starts the
 runtime of JAX and TensorFlow: configure first.
+
+Both views are read once per process and kept: ``find``, ``to_device``, ``on`` and every other
+hot call look devices up in memory, reading neither ``/proc`` nor NVML nor package metadata
+again. ``configure()`` (which changes what is visible) and ``devices(refresh=True)`` read them
+anew; facts that drift, such as free memory, are as of that reading (``memory_stats`` reads
+them live).
 """
 
 from __future__ import annotations
@@ -16,33 +22,61 @@ import functools
 import importlib.metadata
 import os
 import platform
+import threading
 
 from xdevice import _registry
 from xdevice._device import KINDS, Device, device
 from xdevice._errors import DeviceNotFound, message
 
-__all__ = ["devices", "find", "machine_devices", "nvml_gpus", "nvml_physical_gpus", "visible_gpu_indices"]
+__all__ = ["devices", "find", "clear_cache", "machine_devices", "nvml_gpus", "nvml_physical_gpus",
+           "visible_gpu_indices"]
+
+_views: dict[str | None, list[Device]] = {}  # None: the machine; a name: that framework's view
+_found: dict[tuple[object, str | None], Device] = {}  # (spec as given, backend) -> the device
+_lock = threading.Lock()
 
 
-def devices(kind: str | None = None, backend: str | None = None) -> list[Device]:
+def devices(kind: str | None = None, backend: str | None = None, *, refresh: bool = False) -> list[Device]:
     """The devices of this machine, or the ones one framework sees.
 
     Args:
         kind: keep only ``"cpu"``, ``"gpu"`` or ``"tpu"`` devices.
         backend: ask this framework for its own view (starts the runtime of JAX and
             TensorFlow). Without it, discovery starts no framework.
+        refresh: read the machine and every framework's view again (they are read once per
+            process otherwise; ``configure`` refreshes them too).
 
     >>> [str(d) for d in devices(kind="cpu")][:1]
     ['cpu:0']
     """
     if kind is not None and kind not in KINDS:
         raise DeviceNotFound(message("Unknown device kind", received=kind, choices=KINDS))
-    if backend is None:
-        found = machine_devices()
-    else:
-        facts = {d: d for d in machine_devices()}
-        found = [_merge(d, facts.get(d), backend) for d in _registry.backend(backend).list_devices()]
+    if refresh:
+        clear_cache()
+    found = _view(backend)
     return [d for d in found if kind is None or d.kind == kind]
+
+
+def clear_cache() -> None:
+    """Forget what discovery read: the next look-up reads the machine, the frameworks and the
+    registered backends anew."""
+    with _lock:
+        _views.clear()
+        _found.clear()
+    _registry.forget_installed()
+
+
+def _view(backend: str | None) -> list[Device]:
+    found = _views.get(backend)
+    if found is None:
+        if backend is None:
+            found = machine_devices()
+        else:
+            facts = {d: d for d in _view(None)}
+            found = [_merge(d, facts.get(d), backend) for d in _registry.backend(backend).list_devices()]
+        with _lock:
+            found = _views.setdefault(backend, found)
+    return found
 
 
 def find(spec: object, backend: str | None = None) -> Device:
@@ -55,10 +89,16 @@ def find(spec: object, backend: str | None = None) -> Device:
     >>> find("cpu")
     Device('cpu:0', ...)  # doctest: +SKIP
     """
+    try:
+        return _found[spec, backend]
+    except (KeyError, TypeError):  # not seen yet, or a spec that cannot be a key
+        pass
     wanted = device(spec)
-    present = devices(backend=backend)
+    present = _view(backend)
     for candidate in present:
         if candidate == wanted:
+            with contextlib.suppress(TypeError):
+                _found[spec, backend] = candidate
             return candidate
     seen_by = f"backend {backend!r}" if backend else "this machine"
     raise DeviceNotFound(message(

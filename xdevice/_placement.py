@@ -13,12 +13,10 @@ Decisions:
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import logging
 import threading
 import warnings
-from collections.abc import Iterator
 
 from xdevice import _registry
 from xdevice._device import Device, device
@@ -51,8 +49,7 @@ def current_device() -> Device | None:
     return stack[-1] if stack else None
 
 
-@contextlib.contextmanager
-def on(spec: object, soft: bool = True, log: bool = False) -> Iterator[Placement]:
+def on(spec: object, soft: bool = True, log: bool = False) -> _On:
     """Make ``spec`` the default device for every loaded framework, in this thread.
 
     Args:
@@ -70,30 +67,56 @@ def on(spec: object, soft: bool = True, log: bool = False) -> Iterator[Placement
     ...     placement.requested
     Device('cpu:0')
     """
-    wanted = device(spec)
-    placement = Placement(requested=wanted)
-    active = [b for b in _registry.active_backends() if b.has_default_device]
-    if not active and wanted not in devices():
-        _fallback(wanted, "this machine", [str(d) for d in devices()], soft)
-    stack = _local.__dict__.setdefault("stack", [])
-    with contextlib.ExitStack() as scopes:
-        for backend in active:
-            present = backend.list_devices()
-            target = wanted
-            if wanted not in present:
-                target = _fallback(wanted, backend.name, [str(d) for d in present], soft)
-            scopes.enter_context(backend.default_device(target))
-            placement.devices[backend.name] = target
-            if log:
-                probe = backend.zeros((1,))
-                placement.actual[backend.name] = backend.device_of(probe)
-                logger.info("xdevice.on(%s): %s placed a new array on %s",
-                            wanted, backend.name, placement.actual[backend.name])
-        stack.append(wanted)
+    return _On(device(spec), soft, log)
+
+
+class _On:
+    """The context ``on`` returns: a plain class rather than a generator, because entering
+    and leaving it is a hot call (the frameworks' own contexts cost a few microseconds)."""
+
+    __slots__ = ("wanted", "soft", "log", "scopes")
+
+    def __init__(self, wanted: Device, soft: bool, log: bool):
+        self.wanted, self.soft, self.log = wanted, soft, log
+        self.scopes: list = []
+
+    def __enter__(self) -> Placement:
+        wanted = self.wanted
+        placement = Placement(requested=wanted)
+        active = [b for b in _registry.active_backends() if b.has_default_device]
+        if not active and wanted not in devices():
+            _fallback(wanted, "this machine", [str(d) for d in devices()], self.soft)
+        scopes = []
         try:
-            yield placement
-        finally:
-            stack.pop()
+            for backend in active:
+                present = devices(backend=backend.name)
+                target = wanted
+                if wanted not in present:
+                    target = _fallback(wanted, backend.name, [str(d) for d in present], self.soft)
+                scope = backend.default_device(target)
+                scope.__enter__()
+                scopes.append(scope)
+                placement.devices[backend.name] = target
+                if self.log:
+                    probe = backend.zeros((1,))
+                    placement.actual[backend.name] = backend.device_of(probe)
+                    logger.info("xdevice.on(%s): %s placed a new array on %s",
+                                wanted, backend.name, placement.actual[backend.name])
+        except BaseException:
+            _leave(scopes)
+            raise
+        self.scopes.append(scopes)  # a list of lists: the same object may be entered again, nested
+        _local.__dict__.setdefault("stack", []).append(wanted)
+        return placement
+
+    def __exit__(self, *exc) -> None:
+        _local.stack.pop()
+        _leave(self.scopes.pop(), *exc)
+
+
+def _leave(scopes: list, *exc) -> None:
+    for scope in reversed(scopes):
+        scope.__exit__(*(exc or (None, None, None)))
 
 
 def _fallback(wanted: Device, where: str, present: list[str], soft: bool) -> Device:

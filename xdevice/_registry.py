@@ -45,6 +45,12 @@ def _entry_points() -> dict[str, importlib.metadata.EntryPoint]:
     return dict(sorted(found.items(), key=lambda kv: (order.get(kv[0], len(order)), kv[0])))
 
 
+def forget_installed() -> None:
+    """Read the registered backends (entry points) again, for a backend installed since."""
+    _entry_points.cache_clear()
+    importlib.invalidate_caches()
+
+
 def is_installed(name: str) -> bool:
     """Whether backend ``name``'s framework can be imported (without importing it)."""
     try:
@@ -81,6 +87,9 @@ def backend(name: str) -> Backend:
     >>> backend("numpy").name
     'numpy'
     """
+    found = _cache.get(name)  # the hot path: resolved already, no lock needed to read
+    if found is not None:
+        return found
     with _lock:
         if name in _cache:
             return _cache[name]
@@ -124,8 +133,8 @@ def active_backends() -> list[Backend]:
 
 # -- which backend owns an object -------------------------------------------------------------
 
-#: type -> (backend name, kind), for the types whose every object has the same owner
-_owners: dict[type, tuple[str, str]] = {}
+#: type -> (backend, kind), for the types whose every object has the same owner
+_owners: dict[type, tuple[Backend, str]] = {}
 #: types whose objects are owned by what they hold, not by their type: never cached
 _BY_VALUE = (tuple, list, dict, types.FunctionType, types.MethodType, functools.partial)
 
@@ -147,7 +156,7 @@ def owner(x: Any) -> tuple[Backend, str] | None:
     kind = type(x)
     hit = _owners.get(kind)
     if hit is not None:
-        return backend(hit[0]), hit[1]
+        return hit
     declared = getattr(x[0] if isinstance(x, tuple) and len(x) == 2 else x, "__xdevice_backend__", None)
     if isinstance(declared, str):
         return backend(declared), "model"
@@ -155,7 +164,7 @@ def owner(x: Any) -> tuple[Backend, str] | None:
         what = candidate.owns(x)
         if what is not None:
             if not issubclass(kind, _BY_VALUE):
-                _owners[kind] = (candidate.name, what)
+                _owners[kind] = (candidate, what)
             return candidate, what
     return None
 

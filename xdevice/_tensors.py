@@ -30,7 +30,7 @@ def backend_of(x: Any) -> str:
 
 
 def _array_owner(x: Any):
-    found = _registry.owner(x)
+    found = _registry._owners.get(type(x)) or _registry.owner(x)  # the cache first: a hot path
     if found is not None and found[1] == "array":
         return found[0]
     what = f"A {found[0].title} {found[1]} is not an array" if found else "Not an array of any loaded framework"

@@ -35,14 +35,21 @@ class Devices:
                 for d in native]
 
     def native_device(self, device: Device) -> jax.Device:
-        platform = {"cpu": "cpu", "gpu": "gpu", "tpu": "tpu"}[device.kind]
-        return jax.local_devices(backend=platform)[device.index]
+        found = _native.get(device)
+        if found is None:
+            platform = {"cpu": "cpu", "gpu": "gpu", "tpu": "tpu"}[device.kind]
+            found = _native[device] = jax.local_devices(backend=platform)[device.index]
+        return found
 
     def device_from_native(self, native: jax.Device) -> Device:
-        # numbered among this process's devices of its kind: under jax.distributed ids run
-        # across processes (process 1's first CPU is id 2048, but cpu:0 here)
-        local = jax.local_devices(backend=native.platform)
-        return device_from_parts(native.platform, local.index(native) if native in local else native.id, native)
+        found = _named.get(native)
+        if found is None:
+            # numbered among this process's devices of its kind: under jax.distributed ids run
+            # across processes (process 1's first CPU is id 2048, but cpu:0 here)
+            local = jax.local_devices(backend=native.platform)
+            found = device_from_parts(native.platform, local.index(native) if native in local else native.id, native)
+            _named[native] = found
+        return found
 
     def enable_float64(self) -> None:
         jax.config.update("jax_enable_x64", True)
@@ -58,3 +65,9 @@ class Devices:
                 fix="call xdevice.configure(...) before the first JAX computation")) from error
         return [Applied("jax", "cpu_devices", config.cpu_devices, "applied",
                         f"jax_num_cpu_devices={config.cpu_devices}")]
+
+
+# both directions, remembered (a process's devices are fixed once JAX has started, which
+# listing them does): device_of and to_device are hot calls
+_native: dict[Device, jax.Device] = {}
+_named: dict[jax.Device, Device] = {}

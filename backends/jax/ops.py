@@ -11,7 +11,9 @@ recurrent layers as one ``lax.scan`` over time.
 
 from __future__ import annotations
 
+import functools
 import itertools
+import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -343,9 +345,12 @@ class JaxOps(Ops):
              padding: Any = 0, dilation: int | Sequence[int] = 1, groups: int = 1) -> Array:
         dims = jnp.ndim(w) - 2
         pads = conv_padding(padding, self.shape(x)[2:], self.shape(w)[2:], stride, dilation)
-        # lax's default dimension numbers are channels first: NC..., OI..., NC...
-        y = lax.conv_general_dilated(x, w, as_tuple(stride, dims), pads, rhs_dilation=as_tuple(dilation, dims),
-                                     feature_group_count=groups)
+        stride, dilation = as_tuple(stride, dims), as_tuple(dilation, dims)
+        kernel = self.shape(w)[2:]
+        if groups > 1 and self.shape(w)[1] == 1 and math.prod(kernel) <= _DEPTHWISE_TAPS:
+            y = _depthwise(x, w, stride, pads, dilation, groups)
+        else:  # lax's default dimension numbers are channels first: NC..., OI..., NC...
+            y = lax.conv_general_dilated(x, w, stride, pads, rhs_dilation=dilation, feature_group_count=groups)
         return y if b is None else y + jnp.reshape(b, (1, -1) + (1,) * dims)
 
     def max_pool(self, x: Array, window: int | Sequence[int], stride: int | Sequence[int] | None = None,
@@ -355,20 +360,10 @@ class JaxOps(Ops):
         stride = as_tuple(stride or window, dims)
         dilation = as_tuple(dilation, dims)
         pads = pool_padding(padding, self.shape(x)[2:], window, stride, dilation, ceil_mode)
+        geometry = ((1, 1, *window), (1, 1, *stride), ((0, 0), (0, 0), *pads), (1, 1, *dilation))
         if all(d == 1 for d in dilation):
-            return lax.reduce_window(x, _lowest(x.dtype), lax.max, (1, 1, *window), (1, 1, *stride),
-                                     ((0, 0), (0, 0), *pads))
-        # JAX has no gradient for a dilated reduce_window max: take the max over the
-        # window's strided slices instead (one slice per window position)
-        padded = jnp.pad(x, ((0, 0), (0, 0), *pads), constant_values=_lowest(x.dtype))
-        spatial = self.shape(padded)[2:]
-        outs = [(n - (k - 1) * d - 1) // s + 1 for n, k, d, s in zip(spatial, window, dilation, stride)]
-        taps = []
-        for offset in itertools.product(*(range(k) for k in window)):
-            starts = [o * d for o, d in zip(offset, dilation)]
-            stops = [start + (out - 1) * s + 1 for start, out, s in zip(starts, outs, stride)]
-            taps.append(lax.slice(padded, (0, 0, *starts), (*self.shape(x)[:2], *stops), (1, 1, *stride)))
-        return jnp.max(jnp.stack(taps), axis=0)
+            return lax.reduce_window(x, _lowest(x.dtype), lax.max, *geometry[:3])
+        return _dilated_max_pool(x, geometry)
 
     def avg_pool(self, x: Array, window: int | Sequence[int], stride: int | Sequence[int] | None = None,
                  padding: Any = 0, count_include_pad: bool = False, ceil_mode: bool = False) -> Array:
@@ -404,3 +399,62 @@ class JaxOps(Ops):
 
         h, outputs = lax.scan(step, h, jnp.swapaxes(x, 0, 1))
         return jnp.swapaxes(outputs, 0, 1), h
+
+
+#: depthwise kernels up to this many taps run as a sum of shifted slices (XLA's CPU grouped
+#: convolution is ~50x slower than that for a 3x3 depthwise layer); larger ones go to lax
+_DEPTHWISE_TAPS = 64
+
+
+def _depthwise(x: Any, w: Any, stride: tuple, pads: list, dilation: tuple, groups: int) -> Any:
+    """A depthwise convolution (one input channel per group; ``w`` is ``(C * m, 1, *kernel)``)
+    as the sum over the kernel's taps of strided slices of ``x`` times per-channel weights."""
+    dtype = x.dtype
+    if dtype in (jnp.float16, jnp.bfloat16):  # accumulate as a convolution does, in float32
+        return _depthwise(x.astype(jnp.float32), w.astype(jnp.float32), stride, pads, dilation, groups).astype(dtype)
+    multiplier = w.shape[0] // groups
+    if multiplier > 1:  # output channel o reads input channel o // m
+        x = jnp.repeat(x, multiplier, axis=1)
+    x = jnp.pad(x, ((0, 0), (0, 0), *pads))
+    spatial = x.shape[2:]
+    kernel = w.shape[2:]
+    outs = [(n - (k - 1) * d - 1) // s + 1 for n, k, d, s in zip(spatial, kernel, dilation, stride)]
+    y = None
+    for tap in itertools.product(*(range(k) for k in kernel)):
+        starts = [t * d for t, d in zip(tap, dilation)]
+        stops = [start + (out - 1) * s + 1 for start, out, s in zip(starts, outs, stride)]
+        window = lax.slice(x, (0, 0, *starts), (*x.shape[:2], *stops), (1, 1, *stride))
+        term = window * jnp.reshape(w[(slice(None), 0, *tap)], (1, -1) + (1,) * len(kernel))
+        y = term if y is None else y + term
+    return y
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(1,))
+def _dilated_max_pool(x: Any, geometry: tuple) -> Any:
+    """A dilated max pool in one ``reduce_window`` (JAX has no gradient of its own for a
+    dilated max window; the one here sends each window's gradient to its first maximum, as
+    PyTorch does). ``geometry``: ``(window, strides, padding, dilation)`` over every axis."""
+    window, strides, padding, dilation = geometry
+    return lax.reduce_window(x, _lowest(x.dtype), lax.max, window, strides, padding, window_dilation=dilation)
+
+
+def _dilated_max_pool_forward(x: Any, geometry: tuple) -> tuple[Any, tuple]:
+    window, strides, padding, dilation = geometry
+    positions = jnp.arange(x.size, dtype=jnp.int32).reshape(x.shape)
+
+    def first_max(a, b):  # (value, position) pairs: the larger value, the earlier position on a tie
+        take_b = (b[0] > a[0]) | ((b[0] == a[0]) & (b[1] < a[1]))
+        return jnp.where(take_b, b[0], a[0]), jnp.where(take_b, b[1], a[1])
+
+    values, where = lax.reduce_window((x, positions), (_lowest(x.dtype), np.int32(x.size)), first_max,
+                                      window, strides, padding, window_dilation=dilation)
+    return values, (where, x.shape)
+
+
+def _dilated_max_pool_backward(geometry: tuple, saved: tuple, grad: Any) -> tuple[Any]:
+    where, shape = saved
+    flat = jnp.zeros(math.prod(shape), grad.dtype).at[where.ravel()].add(grad.ravel(), mode="drop")
+    return (flat.reshape(shape),)
+
+
+_dilated_max_pool.defvjp(_dilated_max_pool_forward, _dilated_max_pool_backward)

@@ -37,6 +37,15 @@ class Autodiff:
     def jit(self, fn: Callable[..., Any]) -> Callable[..., Any]:
         return fn
 
+    def capture(self, fn: Callable[..., Any], *example_args: Any) -> Callable[..., Any]:
+        from torch.fx.experimental.proxy_tensor import make_fx
+
+        leaves = torch.utils._pytree.tree_leaves(example_args)
+        if not all(isinstance(leaf, torch.Tensor) for leaf in leaves):  # a constant would be baked in
+            raise XDeviceError(message("Only tensors can be arguments of a captured torch program",
+                                       received=sorted({type(leaf).__name__ for leaf in leaves})))
+        return make_fx(fn, tracing_mode="fake")(*example_args)  # fake tensors: no data read, none baked
+
 
 def detached(tree: Any) -> Any:
     """``tree`` (dicts, lists, tuples) with every tensor in it detached from the graph."""

@@ -29,14 +29,22 @@ class Devices:
         return found
 
     def native_device(self, device: Device) -> torch.device:
-        if device.kind == "cpu":
-            return torch.device("cpu")
-        if device.kind == "gpu" and not torch.cuda.is_available() and _mps_available():
-            return torch.device("mps", device.index)
-        return torch.device("cuda", device.index)
+        found = _native.get(device)
+        if found is None:
+            if device.kind == "cpu":
+                found = torch.device("cpu")
+            elif device.kind == "gpu" and not torch.cuda.is_available() and _mps_available():
+                found = torch.device("mps", device.index)
+            else:
+                found = torch.device("cuda", device.index)
+            _native[device] = found
+        return found
 
     def device_from_native(self, native: torch.device) -> Device:
-        return device_from_parts(native.type, native.index or 0, native)
+        found = _named.get(native)
+        if found is None:
+            found = _named[native] = device_from_parts(native.type, native.index or 0, native)
+        return found
 
     def configure_devices(self, config: Config) -> list[Applied]:
         if config.cpu_devices is None:
@@ -57,6 +65,11 @@ class Devices:
         vendor = "amd" if torch.version.hip else "nvidia"
         return dict(name=props.name, vendor=vendor, memory_total=int(props.total_memory),
                     compute_capability=(props.major, props.minor))
+
+
+# both directions, remembered: device_of and to_device are hot calls (torch.device is hashable)
+_native: dict[Device, torch.device] = {}
+_named: dict[torch.device, Device] = {}
 
 
 def _mps_available() -> bool:

@@ -437,6 +437,50 @@ class TorchOps(Ops):
     def square(self, x: Array) -> Array:
         return torch.square(x)
 
+    def sgd_update(self, params, grads, buffers, *, lr, momentum=0.0, nesterov=False, weight_decay=0.0,
+                   inplace=False):
+        if not inplace:
+            return super().sgd_update(params, grads, buffers, lr=lr, momentum=momentum, nesterov=nesterov,
+                                      weight_decay=weight_decay)
+        # torch.optim.SGD's steps, each over every tensor at once, in place
+        grads = _matching(grads, params)
+        with torch.no_grad():
+            if weight_decay:
+                grads = torch._foreach_add(grads, params, alpha=weight_decay)
+            if momentum:
+                torch._foreach_mul_(buffers, momentum)
+                torch._foreach_add_(buffers, grads)
+                grads = torch._foreach_add(grads, buffers, alpha=momentum) if nesterov else buffers
+            torch._foreach_add_(params, grads, alpha=-lr)
+        return params, buffers if momentum else None
+
+    def adam_update(self, params, grads, m, v, step, *, lr, beta1, beta2, eps, weight_decay=0.0,
+                    decoupled=False, inplace=False):
+        dtypes = {p.dtype for p in params}
+        if not inplace or len(dtypes) != 1 or dtypes.pop() not in (torch.float32, torch.float64):
+            return super().adam_update(params, grads, m, v, step, lr=lr, beta1=beta1, beta2=beta2, eps=eps,
+                                       weight_decay=weight_decay, decoupled=decoupled)
+        # the composite's steps, each over every tensor at once, in place; the bias corrections
+        # are computed once, in the parameters' precision, as the composite computes them
+        real = np.dtype(str(params[0].dtype).removeprefix("torch.")).type
+        correction1 = real(1) - real(beta1) ** real(int(step))
+        correction2 = real(1) - real(beta2) ** real(int(step))
+        grads = _matching(grads, params)
+        with torch.no_grad():
+            if weight_decay and decoupled:
+                torch._foreach_mul_(params, 1 - lr * weight_decay)
+            elif weight_decay:
+                grads = torch._foreach_add(grads, params, alpha=weight_decay)
+            torch._foreach_mul_(m, beta1)
+            torch._foreach_add_(m, grads, alpha=1 - beta1)
+            torch._foreach_mul_(v, beta2)
+            torch._foreach_addcmul_(v, grads, grads, 1 - beta2)
+            denominator = torch._foreach_sqrt(v)
+            torch._foreach_div_(denominator, float(np.sqrt(correction2)))
+            torch._foreach_add_(denominator, eps)
+            torch._foreach_addcdiv_(params, m, denominator, -float(real(lr) / correction1))
+        return params, m, v
+
     def reciprocal(self, x: Array) -> Array:
         return torch.reciprocal(x)
 
@@ -499,7 +543,7 @@ class TorchOps(Ops):
             # A trace (torch.export, torch.compile) cannot branch on data: it always fixes.
             mask = self.asarray(mask, "bool")
             attends = mask.any(dim=-1, keepdim=True)
-            if mask.device.type != "cpu" or torch.compiler.is_compiling() or not bool(attends.all()):
+            if mask.device.type != "cpu" or _traced(mask) or not bool(attends.all()):
                 q, mask = torch.where(attends, q, 0.0), mask | ~attends
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
 
@@ -641,3 +685,14 @@ def _pad_source(size: int, before: int, after: int, mode: str, device: torch.dev
     period = 2 * (size - 1)  # reflect: a triangle wave over 0..size-1, repeated as numpy does
     index = index.abs() % period
     return torch.where(index < size, index, period - index)
+
+
+def _matching(grads: list, params: list) -> list:
+    """Gradients in their parameters' dtypes (they already are, unless a caller mixed them)."""
+    return [g if g.dtype == p.dtype else g.to(p.dtype) for g, p in zip(grads, params)]
+
+
+def _traced(x: torch.Tensor) -> bool:
+    """Whether ``x`` is being traced (torch.compile, torch.export, make_fx): then the data
+    cannot be read, and a branch on it must take the path that is right for any data."""
+    return torch.compiler.is_compiling() or torch._subclasses.fake_tensor.is_fake(x)

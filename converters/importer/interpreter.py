@@ -10,6 +10,12 @@ that is not static raises ``ConversionError`` naming the node.
 
 Subgraphs (``If``, ``Loop``, ``Scan``) run through the same interpreter, seeing the outer
 graph's values by name.
+
+Work that does not depend on the data is done once, not per call: every node's handler is
+resolved when the model is loaded (``Graph.bind``), and a :class:`Plan` per input signature
+(shapes and dtypes) remembers the outputs of every node that folded to a value fixed by the
+signature alone (constants, shapes and the arithmetic over them), so a later call with the
+same signature runs only the nodes that compute on data.
 """
 
 from __future__ import annotations
@@ -24,7 +30,7 @@ import numpy as np
 from xdevice._errors import ConversionError, UnsupportedOp, message
 from xdevice.converters.importer import registry
 
-__all__ = ["Graph", "Node", "Context", "Optional", "run_graph", "unsupported", "numpy_of",
+__all__ = ["Graph", "Node", "Context", "Optional", "Plan", "run_graph", "unsupported", "numpy_of",
            "ONNX_DTYPES", "onnx_dtype"]
 
 # ONNX TensorProto data types by number, as our dtype names ("string" for STRING)
@@ -33,6 +39,8 @@ ONNX_DTYPES = {1: "float32", 2: "uint8", 3: "int8", 4: "uint16", 5: "int16", 6: 
                16: "bfloat16", 17: "float8_e4m3fn", 18: "float8_e4m3fnuz", 19: "float8_e5m2",
                20: "float8_e5m2fnuz", 21: "uint4", 22: "int4"}
 _RANDOM = ("RandomNormal", "RandomNormalLike", "RandomUniform", "RandomUniformLike", "Bernoulli", "Multinomial")
+#: ops whose static output depends on their input's shape alone, not its values
+_SHAPE_ONLY = ("Shape", "Size")
 
 
 def onnx_dtype(code: int) -> str:
@@ -75,6 +83,11 @@ class Node:
             elif attribute.type == attribute.STRINGS:
                 value = [v.decode() for v in value]
             self.attrs[attribute.name] = value
+        self.domain_key = "" if self.domain in ("", "ai.onnx") else self.domain
+        self.has_subgraph = any(isinstance(v, Graph) or (isinstance(v, list) and v and isinstance(v[0], Graph))
+                                for v in self.attrs.values())
+        self.foldable = self.op not in _RANDOM and not self.has_subgraph
+        self.handler: registry.Handler | None = None  # set by Graph.bind
 
     def attr(self, name: str, default: Any = None) -> Any:
         """The attribute ``name``, or ``default`` when the node leaves it out."""
@@ -96,6 +109,20 @@ class Graph:
         self.outputs = [o.name for o in proto.output]
         self.nodes = [Node(n, opsets) for n in proto.node]
 
+    def bind(self) -> list[str]:
+        """Resolve every node's handler (subgraphs included) once; returns what has none, as
+        :func:`unsupported` words it."""
+        missing: dict[str, list[str]] = {}
+        for node, graph in self.walk():
+            opset = graph.opsets.get(node.domain_key)
+            found, since = registry.resolve(node.op, node.domain_key, opset) if opset is not None else (None, None)
+            node.handler = found
+            if found is None:
+                where = f"{node.domain_key}::" if node.domain_key else ""
+                version = f"opset {opset}" + (f", schema since {since}" if since else ", unknown to onnx.defs")
+                missing.setdefault(f"{where}{node.op} ({version})", []).append(node.name)
+        return [f"{op}: {', '.join(names[:5])}{' ...' if len(names) > 5 else ''}" for op, names in missing.items()]
+
     def walk(self) -> Iterable[tuple[Node, Graph]]:
         """Every node of this graph and of its subgraphs, with the graph that holds it."""
         for node in self.nodes:
@@ -107,17 +134,32 @@ class Graph:
 
 
 def unsupported(graph: Graph) -> list[str]:
-    """Every ``op (opset N): node names`` the registry cannot run, subgraphs included."""
-    missing: dict[str, list[str]] = {}
-    for node, _ in graph.walk():
-        domain = "" if node.domain in ("", "ai.onnx") else node.domain
-        opset = graph.opsets.get(domain)
-        found, since = registry.resolve(node.op, domain, opset) if opset is not None else (None, None)
-        if found is None:
-            where = f"{domain}::" if domain else ""
-            version = f"opset {opset}" + (f", schema since {since}" if since else ", unknown to onnx.defs")
-            missing.setdefault(f"{where}{node.op} ({version})", []).append(node.name)
-    return [f"{op}: {', '.join(names[:5])}{' ...' if len(names) > 5 else ''}" for op, names in missing.items()]
+    """Every ``op (opset N): node names`` the registry cannot run, subgraphs included (and
+    every node's handler bound, see :meth:`Graph.bind`)."""
+    return graph.bind()
+
+
+class Plan:
+    """What one input signature fixes in a graph: the outputs of the nodes that folded to
+    values determined by the signature alone, by node position. The first run records them;
+    later runs with the same signature take them instead of running those nodes."""
+
+    def __init__(self):
+        self.folded: dict[int, tuple] = {}
+        self.recording = True
+        self.fixed: set[str] = set()  # value names fixed by the signature, while recording
+
+    def note(self, index: int, node: Node, inputs_fixed: bool, outputs: tuple) -> None:
+        """Keep ``outputs`` if the node's inputs are fixed (or it reads only their shapes) and
+        it computes nothing random: then the same signature always gives the same outputs."""
+        fixed = node.op in _SHAPE_ONLY or (node.foldable and inputs_fixed)
+        if fixed and all(is_static(o) for o in outputs):
+            self.folded[index] = outputs
+            self.fixed.update(name for name in node.outputs if name)
+
+    def done(self) -> None:
+        self.recording = False
+        self.fixed = set()
 
 
 class Context:
@@ -174,33 +216,43 @@ def numpy_of(value: Any, ops) -> Any:
     return np.asarray(ops.to_numpy(value))
 
 
-def run_graph(graph: Graph, ctx: Context, values: dict[str, Any]) -> list[Any]:
-    """Run ``graph`` with ``values`` (inputs, initializers, outer values) and return its outputs."""
+def run_graph(graph: Graph, ctx: Context, values: dict[str, Any], plan: Plan | None = None) -> list[Any]:
+    """Run ``graph`` with ``values`` (inputs, initializers, outer values) and return its
+    outputs; with a ``plan``, take (or record) the outputs fixed by the input signature."""
     values = {**graph.initializers, **values, "": None}
-    for node in graph.nodes:
-        args = [values[name] if name in values else _missing_input(node, name) for name in node.inputs]
-        outputs = _run_node(node, ctx, graph.opsets, args, values)
-        if not isinstance(outputs, tuple):
-            outputs = (outputs,)
+    folded = plan.folded if plan is not None and not plan.recording else {}
+    for index, node in enumerate(graph.nodes):
+        outputs = folded.get(index)
+        if outputs is None:
+            args = [values[name] if name in values else _missing_input(node, name) for name in node.inputs]
+            fold = node.foldable and all(is_static(a) for a in args) and any(a is not None for a in args)
+            outputs = _run_node(node, ctx, graph.opsets, args, values, fold)
+            if not isinstance(outputs, tuple):
+                outputs = (outputs,)
+            if plan is not None and plan.recording:  # an initializer not replaced by a param is fixed
+                plan.note(index, node, all(name in plan.fixed or (name in graph.initializers and is_static(values[name]))
+                                           for name in node.inputs if name), outputs)
         for name, value in zip(node.outputs, outputs):
             if name:
                 values[name] = value
+    if plan is not None and plan.recording:
+        plan.done()
     return [values[name] for name in graph.outputs]
 
 
-def _run_node(node: Node, ctx: Context, opsets: dict[str, int], args: list, values: dict) -> Any:
-    domain = "" if node.domain in ("", "ai.onnx") else node.domain
-    found, _ = registry.resolve(node.op, domain, opsets[domain])
-    if found is None:  # unsupported() ran before execution; this guards direct callers
-        raise UnsupportedOp(message(f"No handler for {node.op}", received=node.name))
-    fold = (node.op not in _RANDOM and all(is_static(a) for a in args)
-            and any(a is not None for a in args) and not _has_subgraph(node))
+def _run_node(node: Node, ctx: Context, opsets: dict[str, int], args: list, values: dict, fold: bool) -> Any:
+    found = node.handler
+    if found is None:  # a graph nobody bound: resolve it now (unsupported() guards the rest)
+        found, _ = registry.resolve(node.op, node.domain_key, opsets[node.domain_key])
+        if found is None:
+            raise UnsupportedOp(message(f"No handler for {node.op}", received=node.name))
     target = _numpy_context(ctx) if fold else ctx
     previous, target.node = target.node, node
     try:
         if not fold:
-            args = [ctx.static(a) if i in found.static else ctx.array(a) for i, a in enumerate(args)]
-        if _has_subgraph(node):  # its own context, holding the outer scope its subgraphs read
+            static = found.static
+            args = [ctx.static(a) if i in static else ctx.array(a) for i, a in enumerate(args)]
+        if node.has_subgraph:  # its own context, holding the outer scope its subgraphs read
             target = copy.copy(target)
             target.values = values
         out = found.fn(target, node, *args)
@@ -215,11 +267,6 @@ def _as_static(value: Any) -> Any:
     if isinstance(value, (list, Optional)) or value is None:
         return value
     return np.asarray(value)
-
-
-def _has_subgraph(node: Node) -> bool:
-    return any(isinstance(v, Graph) or (isinstance(v, list) and v and isinstance(v[0], Graph))
-               for v in node.attrs.values())
 
 
 _numpy_contexts: dict[int, Context] = {}

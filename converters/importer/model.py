@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import numpy as np
 
 from xdevice import _registry
+from xdevice._device import Device
 from xdevice._discovery import find
-from xdevice._errors import ConversionError, UnsupportedOp, message
-from xdevice.converters.importer.interpreter import Context, Graph, is_static, run_graph, unsupported
+from xdevice._errors import ConversionError, UnsupportedOp, XDeviceError, message
+from xdevice.converters.importer.fusion import fuse
+from xdevice.converters.importer.interpreter import Context, Graph, Plan, is_static, run_graph, unsupported
 from xdevice.converters.load import load_model
 
 __all__ = ["ImportedModel", "from_onnx"]
@@ -41,6 +44,7 @@ class ImportedModel:
         params: the float initializers, as the backend's arrays on ``device`` (trainable).
         input_names, output_names: the graph's inputs (initializers excluded) and outputs.
         opset: the default-domain opset the model was written for.
+        fused: how many op chains were fused into one op-set call when loading (``fusion``).
     """
 
     def __init__(self, proto, backend: str, device: Any):
@@ -53,12 +57,20 @@ class ImportedModel:
             raise UnsupportedOp(message(
                 f"{len(missing)} ONNX op(s) in this model have no handler", received="; ".join(missing),
                 fix="these ops cannot be imported yet; `xdevice conformance` shows what is covered"))
+        self.fused = fuse(self.graph)
         self.backend = _registry.backend(backend)
         self.device = find(device, backend=backend)
         self.params = {name: self._place(value) for name, value in self.graph.initializers.items()
                        if value.dtype.name in _FLOATS}
         self.input_names = list(self.graph.inputs)
         self.output_names = list(self.graph.outputs)
+        self._plans: dict[tuple, Plan] = {}
+        # the framework's default device is set around each call only off cpu:0, where new
+        # arrays land anyway (torch's device context intercepts every torch call)
+        self._scope = ((lambda: self.backend.default_device(self.device)) if self.device != Device("cpu", 0)
+                       else contextlib.nullcontext)
+        self._programs: dict[tuple, Any] = {}  # input signature -> the captured program
+        self._captures = self.backend.capture(_probe) is not _probe  # False: nothing to gain
 
     def apply(self, params: dict[str, Any], *inputs: Any) -> tuple[Any, ...]:
         """The graph's outputs for ``inputs`` with the float initializers taken from
@@ -68,15 +80,72 @@ class ImportedModel:
                 "Wrong number of inputs", expected=f"{len(self.input_names)}: {', '.join(self.input_names)}",
                 received=len(inputs)))
         ctx = Context(self.backend)
-        values = {**params, **{name: self._input(x) for name, x in zip(self.input_names, inputs)}}
-        with self.backend.default_device(self.device):
-            outputs = run_graph(self.graph, ctx, values)
-            return tuple(ctx.array(o) if _numeric_static(o) else o for o in outputs)
+        feeds = [self._input(x) for x in inputs]
+        key = _signature(self.backend.ops, feeds)
+        plan = self._plans.get(key) if key is not None else None
+        fresh = plan is None and key is not None
+        if fresh:
+            plan = Plan()
+        values = {**params, **dict(zip(self.input_names, feeds))}
+        with self._scope():
+            outputs = run_graph(self.graph, ctx, values, plan)
+            result = tuple(ctx.array(o) if _numeric_static(o) else o for o in outputs)
+        if fresh:
+            if len(self._plans) >= _PLANS:  # a bound for a stream of ever new shapes
+                self._plans.clear()
+            self._plans[key] = plan
+        return result
 
     def __call__(self, *inputs: Any) -> Any:
-        """The outputs for ``inputs``: one array, or a tuple when the graph has several."""
-        outputs = self.apply(self.params, *inputs)
+        """The outputs for ``inputs``: one array, or a tuple when the graph has several.
+
+        The call runs captured (``Backend.capture``: ``jax.jit``, ``tf.function``, a
+        ``torch.fx`` graph), traced once per input signature; a graph that needs data while it
+        is built (a data-dependent shape) or takes sequences runs through the interpreter.
+        """
+        outputs = None
+        if self._captures and all(_is_tensor(x) for x in inputs):
+            try:
+                program, placed = self._program(inputs)
+                outputs = program(self.params, *placed)
+            except Exception:  # noqa: BLE001 - each tracer refuses concrete values its own way
+                outputs = self.apply(self.params, *inputs)  # a mistake in the inputs raises here, as it is
+                self._captures = False  # the graph needs data while it is built: interpreted from now on
+        if outputs is None:
+            outputs = self.apply(self.params, *inputs)
         return outputs[0] if len(outputs) == 1 else outputs
+
+    def traced(self, *inputs: Any) -> Any:
+        """The framework's own program of ``apply`` for inputs like these (their shapes and
+        dtypes), called as ``program(params, *inputs)``: a ``torch.fx.GraphModule`` on
+        PyTorch (``torch.compile(program)`` and ``torch.export`` take it as it is), the
+        ``jax.jit`` / ``tf.function`` of ``apply`` on JAX and TensorFlow.
+
+        Raises:
+            ConversionError: the graph needs concrete data while it is built.
+        """
+        try:
+            return self._program(inputs)[0]
+        except XDeviceError:
+            raise
+        except Exception as error:  # noqa: BLE001 - each tracer refuses concrete values its own way
+            raise ConversionError(message(
+                "This graph cannot be traced: it needs concrete data while it is built",
+                received=f"{type(error).__name__}: {str(error).splitlines()[0][:300]}",
+                fix="call the model (or apply) eagerly")) from error
+
+    def _program(self, inputs: tuple) -> tuple[Any, list[Any]]:
+        with self._scope():
+            placed = [self._input(x) for x in inputs]
+        key = _signature(self.backend.ops, placed)
+        program = self._programs.get(key)
+        if program is None:
+            program = self.backend.capture(self.apply, self.params, *placed)
+            if key is not None:
+                if len(self._programs) >= _PLANS:
+                    self._programs.clear()
+                self._programs[key] = program
+        return program, placed
 
     def _place(self, value: np.ndarray) -> Any:
         return self.backend.to_device(self.backend.ops.asarray(value), self.device)
@@ -91,3 +160,31 @@ class ImportedModel:
     def __repr__(self) -> str:
         return (f"<ImportedModel opset {self.opset} on {self.backend.name} {self.device}: "
                 f"inputs {self.input_names} -> outputs {self.output_names}>")
+
+
+_PLANS = 64
+
+
+def _probe(*args: Any) -> Any:
+    return args
+
+
+def _signature(ops: Any, feeds: list[Any]) -> tuple | None:
+    """Shapes and dtypes of the inputs, or None when one is not a plain array of concrete
+    shape (a sequence, or a dimension that is symbolic under tracing)."""
+    key = []
+    for x in feeds:
+        if isinstance(x, (list, tuple)) or x is None:
+            return None
+        shape = tuple(ops.shape(x))
+        if not all(type(d) is int for d in shape):
+            return None
+        key.append((shape, str(x.dtype)))
+    return tuple(key)
+
+
+def _is_tensor(x: Any) -> bool:
+    """A value a compiled call can take: an array, not a sequence, None or strings."""
+    if isinstance(x, (list, tuple)) or x is None:
+        return False
+    return not (isinstance(x, np.ndarray) and x.dtype.kind in "OSU")

@@ -192,6 +192,8 @@ case("conv2d-stride-pad", "conv", normal(2, 3, 8, 7), normal(4, 3, 3, 2), None, 
 case("conv2d-dilated", "conv", normal(1, 2, 9, 9), normal(3, 2, 3, 3), grad=[0, 1], dilation=2)
 case("conv2d-groups", "conv", normal(2, 4, 6, 6), normal(6, 2, 3, 3), normal(6), grad=[0, 1, 2], groups=2, padding=1)
 case("conv2d-depthwise", "conv", normal(1, 3, 5, 5), normal(3, 1, 3, 3), grad=[0, 1], groups=3, padding=1)
+case("conv2d-depthwise-strided-dilated-multiplier", "conv", normal(2, 3, 9, 8), normal(6, 1, 3, 2), normal(6),
+     grad=[0, 1, 2], groups=3, stride=2, dilation=(2, 1), padding=[(1, 2), (0, 1)])
 case("conv2d-same", "conv", normal(1, 2, 7, 6), normal(3, 2, 3, 3), grad=[0, 1], stride=2, padding="same")
 case("conv2d-valid", "conv", normal(1, 2, 7, 6), normal(3, 2, 2, 3), grad=[0, 1], padding="valid")
 case("conv2d-asymmetric-pad", "conv", normal(1, 2, 5, 5), normal(3, 2, 3, 3), grad=[0, 1], padding=[(1, 0), (0, 2)])
@@ -201,6 +203,8 @@ case("max_pool2d", "max_pool", normal(2, 3, 8, 8), grad=[0], window=2)
 case("max_pool2d-stride-pad", "max_pool", normal(2, 3, 9, 8), grad=[0], window=3, stride=2, padding=1)
 case("max_pool2d-ceil", "max_pool", normal(1, 2, 9, 9), grad=[0], window=2, ceil_mode=True)
 case("max_pool2d-dilated", "max_pool", normal(1, 2, 9, 9), grad=[0], window=2, stride=1, dilation=2)
+case("max_pool2d-dilated-strided-padded", "max_pool", normal(2, 2, 12, 11), grad=[0], window=(3, 2), stride=2,
+     dilation=(2, 3), padding=1)
 case("max_pool1d", "max_pool", normal(2, 3, 10), grad=[0], window=3, stride=2)
 case("avg_pool2d", "avg_pool", normal(2, 3, 8, 8), grad=[0], window=2)
 case("avg_pool2d-pad-excluded", "avg_pool", normal(1, 2, 7, 7), grad=[0], window=3, stride=2, padding=1)

@@ -162,3 +162,13 @@ def test_each_op_has_the_contract_signature(backend, method):
     actual = inspect.signature(getattr(type(backend.ops), method))
     assert [(p.name, p.kind, p.default) for p in actual.parameters.values()] == \
            [(p.name, p.kind, p.default) for p in expected.parameters.values()]
+
+
+def test_a_wide_dilated_max_pool_runs_as_one_window_reduction(backend):
+    """A 60x80 window with dilation 10 (4,800 taps): once a slice per tap on JAX, for minutes."""
+    x = np.random.default_rng(0).normal(size=(1, 2, 640, 840)).astype(np.float32)
+    settings = dict(window=(60, 80), stride=5, dilation=10)
+    expected = REFERENCE.ops.max_pool(x, **settings)
+    got = backend.ops.to_numpy(backend.ops.max_pool(backend.ops.asarray(x), **settings))
+    assert got.shape == expected.shape == (1, 2, 10, 10)
+    np.testing.assert_array_equal(got, expected)

@@ -4,7 +4,10 @@ An optimizer is pure: ``init(ops, params)`` gives its state (a flat dict of arra
 checkpoint saves it as safetensors) and ``update(ops, params, grads, state)`` returns new
 params and state, so it runs inside ``jax.jit`` and ``tf.function``. The rules are
 PyTorch's (``torch.optim.SGD``, ``Adam``, ``AdamW``) with the same defaults, so a loss curve
-from ``xdevice.fit`` matches one from a plain torch loop.
+from ``xdevice.fit`` matches one from a plain torch loop. The math is written once, in the op
+set (``Ops.sgd_update`` / ``Ops.adam_update``, over every parameter at once); a backend may
+fuse it (PyTorch: ``torch._foreach_*`` in place when the trainer passes ``inplace=True``;
+``jax.jit`` and ``tf.function`` fuse the composite themselves).
 
 >>> from xdevice import backend
 >>> ops = backend("numpy").ops
@@ -41,17 +44,24 @@ class Optimizer:
     #: names of the per-parameter state arrays (``state["m/<param>"]``)
     slots: ClassVar[tuple[str, ...]] = ()
 
-    def update(self, ops: Any, params: dict[str, Any], grads: dict[str, Any], state: dict[str, Any]
-               ) -> tuple[dict[str, Any], dict[str, Any]]:
+    def update(self, ops: Any, params: dict[str, Any], grads: dict[str, Any], state: dict[str, Any], *,
+               inplace: bool = False) -> tuple[dict[str, Any], dict[str, Any]]:
+        """New params and state after one step. With ``inplace`` a backend may write the new
+        values into the arrays given (the trainer passes it: it keeps no old values)."""
         step = ops.add(state["step"], ops.asarray(1, "int32"))
-        new_params, new_state = {}, {"step": step}
-        for name, value in params.items():
-            slots = {slot: state[f"{slot}/{name}"] for slot in self.slots}
-            new_params[name], slots = self.rule(ops, value, ops.cast(grads[name], ops.dtype(value)), slots, step)
-            new_state.update({f"{slot}/{name}": array for slot, array in slots.items()})
-        return new_params, new_state
+        names = list(params)
+        slots = {slot: [state[f"{slot}/{name}"] for name in names] for slot in self.slots}
+        new_params, new_slots = self.apply(ops, [params[n] for n in names], [grads[n] for n in names],
+                                           slots, step, inplace)
+        new_state = {"step": step}
+        for slot, arrays in new_slots.items():
+            new_state.update({f"{slot}/{name}": array for name, array in zip(names, arrays)})
+        return dict(zip(names, new_params)), new_state
 
-    def rule(self, ops: Any, param: Any, grad: Any, slots: dict[str, Any], step: Any) -> tuple[Any, dict]:
+    def apply(self, ops: Any, params: list, grads: list, slots: dict[str, list], step: Any,
+              inplace: bool) -> tuple[list, dict[str, list]]:
+        """The rule over every parameter at once, through the op set's update for it (which a
+        backend may fuse): ``(new params, new slots)``."""
         raise NotImplementedError
 
     def config(self) -> dict[str, Any]:
@@ -74,14 +84,10 @@ class SGD(Optimizer):
     def slots(self) -> tuple[str, ...]:
         return ("momentum",) if self.momentum else ()
 
-    def rule(self, ops, param, grad, slots, step):
-        if self.weight_decay:
-            grad = ops.add(grad, ops.multiply(param, self.weight_decay))
-        if self.momentum:
-            buf = ops.add(ops.multiply(slots["momentum"], self.momentum), grad)
-            slots = {"momentum": buf}
-            grad = ops.add(grad, ops.multiply(buf, self.momentum)) if self.nesterov else buf
-        return ops.subtract(param, ops.multiply(grad, self.lr)), slots
+    def apply(self, ops, params, grads, slots, step, inplace):
+        params, buffers = ops.sgd_update(params, grads, slots.get("momentum"), lr=self.lr, momentum=self.momentum,
+                                         nesterov=self.nesterov, weight_decay=self.weight_decay, inplace=inplace)
+        return params, ({"momentum": buffers} if self.momentum else {})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -95,22 +101,13 @@ class Adam(Optimizer):
     weight_decay: float = 0.0
 
     slots = ("m", "v")
+    decoupled: ClassVar[bool] = False  # AdamW decays the params, not the gradient
 
-    def rule(self, ops, param, grad, slots, step):
-        if self.weight_decay:
-            grad = ops.add(grad, ops.multiply(param, self.weight_decay))
-        return self._adam(ops, param, grad, slots, step)
-
-    def _adam(self, ops, param, grad, slots, step):
-        m = ops.add(ops.multiply(slots["m"], self.beta1), ops.multiply(grad, 1 - self.beta1))
-        v = ops.add(ops.multiply(slots["v"], self.beta2), ops.multiply(ops.square(grad), 1 - self.beta2))
-        t = ops.cast(step, ops.dtype(param))
-        correction1 = ops.subtract(ops.asarray(1.0, ops.dtype(param)), ops.power(ops.asarray(self.beta1, ops.dtype(param)), t))
-        correction2 = ops.subtract(ops.asarray(1.0, ops.dtype(param)), ops.power(ops.asarray(self.beta2, ops.dtype(param)), t))
-        # PyTorch's order of operations: lr / c1 * m / (sqrt(v) / sqrt(c2) + eps)
-        denominator = ops.add(ops.divide(ops.sqrt(v), ops.sqrt(correction2)), self.eps)
-        change = ops.multiply(ops.divide(ops.asarray(self.lr, ops.dtype(param)), correction1), ops.divide(m, denominator))
-        return ops.subtract(param, change), {"m": m, "v": v}
+    def apply(self, ops, params, grads, slots, step, inplace):
+        params, m, v = ops.adam_update(params, grads, slots["m"], slots["v"], step, lr=self.lr, beta1=self.beta1,
+                                       beta2=self.beta2, eps=self.eps, weight_decay=self.weight_decay,
+                                       decoupled=self.decoupled, inplace=inplace)
+        return params, {"m": m, "v": v}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -119,11 +116,7 @@ class AdamW(Adam):
     before the Adam step; default ``weight_decay`` 0.01)."""
 
     weight_decay: float = 1e-2
-
-    def rule(self, ops, param, grad, slots, step):
-        if self.weight_decay:
-            param = ops.multiply(param, 1 - self.lr * self.weight_decay)
-        return self._adam(ops, param, grad, slots, step)
+    decoupled: ClassVar[bool] = True
 
 
 _NAMES = {"sgd": SGD, "momentum": lambda **kw: SGD(**{"momentum": 0.9, **kw}), "adam": Adam, "adamw": AdamW}

@@ -99,7 +99,7 @@ class Trainer:
 
         (loss, (buffers, out)), grads = replicas.value_and_grad(objective, params)  # the global batch's
         loss = replicas.sum(loss)  # mean gradient and loss
-        params, state = self.optimizer.update(ops, params, grads, state)
+        params, state = self.optimizer.update(ops, params, grads, state, inplace=True)  # old values unused
         metrics = {k: replicas.sum(ops.multiply(f(ops, out, y), weight)) for k, f in self.metrics.items()}
         return params, buffers, state, loss, metrics
 

@@ -94,7 +94,12 @@ def layer_norm(ctx, node, x, scale, bias=None):
     normalised axes kept as 1."""
     ops = ctx.ops
     rank, dtype = _rank(ops, x), ops.dtype(x)
-    axes = tuple(range(node.attr("axis", -1) % rank, rank))
+    axis = node.attr("axis", -1) % rank
+    if len([name for name in node.outputs if name]) == 1 and dtype == onnx_dtype(node.attr("stash_type", 1)):
+        # only Y wanted, computed in its own precision: the op set's layer norm (a fused kernel
+        # where the framework has one); scale and bias as ONNX broadcasts them
+        return ops.layer_norm(x, scale, bias, axis, node.attr("epsilon", 1e-5))
+    axes = tuple(range(axis, rank))
     wx = _stash(ops, node, x)
     mean = ops.mean(wx, axis=axes, keepdims=True)
     centred = ops.subtract(wx, mean)

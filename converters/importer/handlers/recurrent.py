@@ -1,5 +1,9 @@
 """ONNX handlers: recurrent layers (RNN, GRU, LSTM), both directions, with sequence lengths,
 initial states, clipping and every activation ONNX names.
+
+A plain LSTM, or a GRU with ``linear_before_reset`` (what PyTorch and Keras export), runs
+through the op set's ``lstm`` / ``gru`` (one fused kernel or scan where the framework has
+one), its gates reordered; everything else steps through time here.
 """
 
 from __future__ import annotations
@@ -122,6 +126,54 @@ def _recurrent(ctx, node, x, w, r, b, lengths, states, step, defaults, gates: in
     return (y, *last)
 
 
+def _plain(node, defaults: list[str], lengths, directions: int) -> bool:
+    """Whether the node computes what the op set's fused layer computes: default
+    activations, no clipping, every sequence at full length."""
+    names = [n.lower() for n in (node.attr("activations", None) or defaults * directions)]
+    return (lengths is None and node.attr("clip", None) is None and not node.attr("activation_alpha", None)
+            and not node.attr("activation_beta", None) and names == [n.lower() for n in defaults] * directions)
+
+
+def _gates(ops, m, order: tuple[int, ...]):
+    """``m``'s gate blocks along axis 0 (or a bias's) put in the op set's ``order``."""
+    blocks = ops.split(m, len(order), axis=0)
+    return ops.concat([blocks[i] for i in order], axis=0)
+
+
+def _fused(ctx, node, x, w, r, b, states, order: tuple[int, ...], layer):
+    """Both directions and both layouts around one call per direction of
+    ``layer(ops, x (B, T, in), initial states, w_ih (in, G*H), w_hh (H, G*H), w_bias, r_bias)
+    -> (outputs (B, T, H), *final states)``, with the weights' gates in the op set's order."""
+    ops = ctx.ops
+    layout = node.attr("layout", 0)
+    xs = x if layout else ops.transpose(x, (1, 0, 2))  # (B, T, in)
+    if layout:
+        states = [None if s is None else ops.transpose(s, (1, 0, 2)) for s in states]
+    batch, hidden, dtype = ops.shape(xs)[0], ops.shape(r)[-1], ops.dtype(x)
+    size = len(order) * hidden
+    reverse_only = node.attr("direction", "forward") == "reverse"
+    ys, finals = [], []
+    for d in range(ops.shape(w)[0]):
+        reverse = reverse_only or d == 1
+        w_ih = ops.swap_last(_gates(ops, ops.take(w, d, axis=0), order))
+        w_hh = ops.swap_last(_gates(ops, ops.take(r, d, axis=0), order))
+        if b is None:
+            wb = rb = ops.zeros((size,), dtype)
+        else:
+            bias = ops.take(b, d, axis=0)
+            wb, rb = (_gates(ops, ops.slice(bias, [i * size], [(i + 1) * size]), order) for i in (0, 1))
+        initial = [ops.zeros((batch, hidden), dtype) if s is None else ops.take(s, d, axis=0) for s in states]
+        out, *last = layer(ops, ops.flip(xs, (1,)) if reverse else xs, initial, w_ih, w_hh, wb, rb)
+        ys.append(ops.flip(out, (1,)) if reverse else out)
+        finals.append(last)
+    y = ops.stack(ys, axis=2)  # (B, T, dirs, H)
+    last = [ops.stack([f[i] for f in finals], axis=1) for i in range(len(states))]  # (B, dirs, H)
+    if not layout:
+        y = ops.transpose(y, (1, 2, 0, 3))  # (T, dirs, B, H)
+        last = [ops.transpose(s, (1, 0, 2)) for s in last]
+    return (y, *last)
+
+
 def _clip(ops, x, clip):
     return x if clip is None else ops.clip(x, -clip, clip)
 
@@ -162,6 +214,10 @@ def _gru_step_factory(linear_before_reset: bool):
 def gru(ctx, node, x, w, r, b=None, sequence_lens=None, initial_h=None):
     """ONNX's GRU with gates ``z, r, h`` in W, R and B (not the op set's ``r, z, n``);
     ``linear_before_reset`` applies the reset gate after ``H R_h^T + Rb_h``."""
+    directions = ctx.ops.shape(w)[0]
+    if node.attr("linear_before_reset", 0) and _plain(node, ["Sigmoid", "Tanh"], sequence_lens, directions):
+        return _fused(ctx, node, x, w, r, b, [initial_h], (1, 0, 2),  # z r h -> r z n
+                      lambda ops, xs, init, wi, wh, wb, rb: ops.gru(xs, init[0], wi, wh, wb, rb))
     step = _gru_step_factory(bool(node.attr("linear_before_reset", 0)))
     return _recurrent(ctx, node, x, w, r, b, sequence_lens, [initial_h], step, ["Sigmoid", "Tanh"], 3)
 
@@ -172,6 +228,9 @@ def lstm(ctx, node, x, w, r, b=None, sequence_lens=None, initial_h=None, initial
     peepholes ``P = [Pi, Po, Pf]`` and ``input_forget`` coupling ``f = 1 - i``."""
     ops = ctx.ops
     couple = bool(node.attr("input_forget", 0))
+    if p is None and not couple and _plain(node, ["Sigmoid", "Tanh", "Tanh"], sequence_lens, ops.shape(w)[0]):
+        return _fused(ctx, node, x, w, r, b, [initial_h, initial_c], (0, 2, 3, 1),  # i o f c -> i f g o
+                      lambda ops, xs, init, wi, wh, wb, rb: ops.lstm(xs, *init, wi, wh, ops.add(wb, rb)))
 
     def step(ops, acts, xp, states, rd, rb, clip, d):
         f, g, h_act = acts
