@@ -75,12 +75,22 @@ def main(argv: list[str] | None = None) -> int:
     suite.add_argument("--json", action="store_true", help="print JSON")
     suite.set_defaults(run=_conformance)
 
-    server = commands.add_parser("serve", help="serve a model repository over KServe V2 (HTTP)")
+    server = commands.add_parser("serve", help="serve a model repository over KServe V2 (HTTP and gRPC)")
     server.add_argument("repository", help="REPO/<model>/<version>/model.onnx, Triton's layout")
     server.add_argument("--host", default="127.0.0.1",
                         help="address to bind (default: 127.0.0.1, this machine only)")
-    server.add_argument("--port", type=int, default=8000)
+    server.add_argument("--port", type=int, default=8000, help="HTTP port (default 8000)")
+    server.add_argument("--grpc-port", type=int, default=8001, help="gRPC port (default 8001; 0: no gRPC)")
     server.add_argument("--threads", type=int, default=None, help="ONNX Runtime intra-op threads per model")
+    server.add_argument("--exit-on-error", action=argparse.BooleanOptionalAction, default=True,
+                        help="exit when a model fails to load (default); --no-exit-on-error serves the others")
+    server.add_argument("--strict-readiness", action=argparse.BooleanOptionalAction, default=True,
+                        help="ready only when every model is (default)")
+    server.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"],
+                        help="what the server logs (default info: each model's load, failures with reasons)")
+    server.add_argument("--access-log", action="store_true", help="also log every HTTP request")
+    server.add_argument("--header-timeout", type=float, default=10.0,
+                        help="seconds a client has to send its request headers (default 10)")
     server.set_defaults(run=_serve)
 
     starter = commands.add_parser("launch", help="start N training processes, set up for torch, JAX and TF")
@@ -216,9 +226,14 @@ def _conformance(args: argparse.Namespace) -> int:
 
 
 def _serve(args: argparse.Namespace) -> int:
+    import logging
+
     from xdevice.serving.server import serve
 
-    serve(args.repository, host=args.host, port=args.port, threads=args.threads)
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    serve(args.repository, host=args.host, port=args.port, grpc_port=args.grpc_port, threads=args.threads,
+          exit_on_error=args.exit_on_error, strict_readiness=args.strict_readiness, access_log=args.access_log,
+          header_timeout=args.header_timeout, log_level=args.log_level)
     return 0
 
 

@@ -7,9 +7,11 @@ import concurrent.futures
 import threading
 
 import numpy as np
+import pytest
+
 from xdevice import InferenceError
 from xdevice.serving.batcher import Batcher
-from xdevice.serving.metrics import Metrics
+from xdevice.serving.metrics import Stats
 
 
 class Model:
@@ -31,7 +33,7 @@ class Model:
 
 
 def batcher(model, **options) -> Batcher:
-    settings = {"max_batch_size": 8, "max_queue_delay": 0.05, "metrics": Metrics(),
+    settings = {"max_batch_size": 8, "max_queue_delay": 0.05, "stats": Stats(),
                 "executor": concurrent.futures.ThreadPoolExecutor(1)} | options
     return Batcher(model, **settings)
 
@@ -132,3 +134,41 @@ def test_a_failing_run_fails_every_caller_of_that_batch_and_the_batcher_keeps_go
     assert all(isinstance(f, RuntimeError) for f in first)
     assert second["y"].shape == (1, 2)
 
+
+
+def test_a_request_that_waited_past_its_timeout_is_rejected_or_delayed_as_the_policy_says():
+    from xdevice.serving.protocol import BadRequest
+
+    async def one(**policy):
+        queue = batcher(Model(), max_queue_delay=0.2, **policy)  # a lone request waits the full 0.2 s
+        try:
+            return await queue.submit({"x": np.ones((1, 2), np.float32)})
+        finally:
+            await queue.close()
+
+    with pytest.raises(BadRequest, match="past its timeout") as late:
+        asyncio.run(one(timeout=0.05, reject_late=True))
+    assert late.value.status == 503
+    assert asyncio.run(one(timeout=0.05, reject_late=False))["y"].tolist() == [[10.0, 10.0]]  # DELAY: runs
+    assert asyncio.run(one(timeout=1.0, reject_late=True))["y"].tolist() == [[10.0, 10.0]]
+
+
+def test_a_full_queue_refuses_the_next_request():
+    from xdevice.serving.protocol import BadRequest
+
+    model = Model(gate=threading.Event())
+
+    async def main():
+        queue = batcher(model, max_batch_size=1, max_queue_delay=0.0, max_queue_size=2)
+        first = asyncio.ensure_future(queue.submit({"x": np.ones((1, 2), np.float32)}))
+        await asyncio.sleep(0.05)  # the first runs (and blocks on the gate); two more wait
+        waiting = [asyncio.ensure_future(queue.submit({"x": np.ones((1, 2), np.float32)})) for _ in range(2)]
+        await asyncio.sleep(0.05)
+        with pytest.raises(BadRequest, match="queue is full") as full:
+            await queue.submit({"x": np.ones((1, 2), np.float32)})
+        model.gate.set()
+        done = await asyncio.gather(first, *waiting)
+        await queue.close()
+        return full.value.status, len(done)
+
+    assert asyncio.run(main()) == (503, 3)

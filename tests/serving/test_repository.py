@@ -1,4 +1,4 @@
-"""The model repository: Triton layout, config.pbtxt parsing, and the config JSON."""
+"""The model repository: Triton layout, Triton's model configuration read exactly, and the config JSON."""
 
 from __future__ import annotations
 
@@ -7,8 +7,9 @@ from types import SimpleNamespace
 import pytest
 
 from xdevice._errors import ConfigurationError, InferenceError
+from xdevice.serving.config import TensorConfig
 from xdevice.serving.repository import (
-    FROM_V2, V2_DATATYPES, ModelConfig, ModelNotFound, Repository, parse_pbtxt, read_config, triton_config,
+    FROM_V2, V2_DATATYPES, ModelConfig, ModelNotFound, Repository, read_config, triton_config,
 )
 
 SAMPLE = """\
@@ -19,7 +20,7 @@ max_batch_size: 8
 input [ { name: "x" data_type: TYPE_FP32 dims: [ 3, 224, 224 ] } ]
 output [ { name: "y" data_type: TYPE_FP32 dims: [ 1000 ] } ]
 dynamic_batching { preferred_batch_size: [ 4, 8 ] max_queue_delay_microseconds: 100 }
-instance_group [ { count: 2 kind: KIND_GPU gpus: [ 1 ] }, { count: 1 kind: KIND_CPU } ]
+instance_group [ { count: 2 kind: KIND_GPU gpus: [ 1 ] }, { count: 1 kind: KIND_GPU gpus: [ 1 ] } ]
 """
 
 
@@ -42,7 +43,9 @@ def test_versions_are_numeric_folders_holding_model_onnx_and_the_newest_is_serve
     assert repo.versions("resnet") == [1, 2, 10]
     assert repo.latest("resnet") == 10
     assert repo.path("resnet") == tmp_path / "resnet" / "10" / "model.onnx"
-    assert repo.path("resnet", "2") == tmp_path / "resnet" / "2" / "model.onnx"
+    assert repo.served("resnet") == [10]  # Triton's default policy: the newest version
+    with pytest.raises(ModelNotFound, match="Valid choices: 10"):
+        repo.path("resnet", "2")
 
 
 def test_version_policy_specific_limits_what_is_served(tmp_path):
@@ -72,7 +75,7 @@ def test_unknown_model_lists_valid_names_and_the_nearest(tmp_path):
 
 
 def test_unknown_version_lists_the_versions(tmp_path):
-    repo = make_repo(tmp_path, {"m": ["1", "2"]})
+    repo = make_repo(tmp_path, {"m": ["1", "2"]}, {"m": "version_policy { all { } }"})
     with pytest.raises(ModelNotFound, match=r"Received: '7'. Valid choices: 1, 2"):
         repo.path("m", 7)
 
@@ -82,37 +85,48 @@ def test_missing_root_is_a_clear_error(tmp_path):
         Repository(tmp_path / "nope")
 
 
-def test_pbtxt_sample_parses_to_nested_dicts():
-    parsed = parse_pbtxt(SAMPLE)
-    assert parsed["max_batch_size"] == 8 and parsed["platform"] == "onnxruntime_onnx"
-    assert parsed["input"] == [{"name": "x", "data_type": "TYPE_FP32", "dims": [3, 224, 224]}]
-    assert parsed["dynamic_batching"] == {"preferred_batch_size": [4, 8], "max_queue_delay_microseconds": 100}
-    assert parsed["instance_group"] == [{"count": 2, "kind": "KIND_GPU", "gpus": [1]},
-                                        {"count": 1, "kind": "KIND_CPU"}]
-
-
-def test_pbtxt_repeated_fields_and_comments_read_like_lists():
-    text = """
-    # written by text_format.MessageToString
-    input {
-      name: "x"   # the image
-      dims: 3
-      dims: 224
-      dims: 224
-    }
-    input { name: 'y\\'s' dims: -1 }
-    enabled: true
-    """
-    parsed = parse_pbtxt(text)
-    assert parsed["input"] == [{"name": "x", "dims": [3, 224, 224]}, {"name": "y's", "dims": -1}]
-    assert parsed["enabled"] is True
-
-
-def test_sample_config_reads_into_model_config(tmp_path):
+def test_config_pbtxt_is_read_against_tritons_model_config(tmp_path):
     make_repo(tmp_path, {"resnet": ["1"]}, {"resnet": SAMPLE})
-    assert read_config(tmp_path / "resnet") == ModelConfig(
-        name="resnet", max_batch_size=8, max_queue_delay_us=100, preferred_batch_size=(4, 8),
-        dynamic_batching=True, instance_count=2, device="gpu:1")
+    config = read_config(tmp_path / "resnet")
+    assert (config.max_batch_size, config.max_queue_delay_us, config.preferred_batch_size) == (8, 100, (4, 8))
+    assert config.dynamic_batching and (config.device, config.instance_count) == ("gpu:1", 3)  # counts add up
+    assert config.inputs == (TensorConfig("x", "float32", (3, 224, 224)),)
+    assert config.outputs == (TensorConfig("y", "float32", (1000,)),)
+    assert config.source == str(tmp_path / "resnet" / "config.pbtxt")
+
+
+def test_fields_triton_knows_parse_with_their_meaning(tmp_path):
+    text = """
+    # what text_format.MessageToString writes, comments and all
+    max_batch_size: 4
+    version_policy { latest { num_versions: 2 } }
+    input { name: "x" data_type: TYPE_FP32 format: FORMAT_NONE dims: 3 dims: -1 }
+    dynamic_batching {
+      max_queue_delay_microseconds: 500
+      default_queue_policy { timeout_action: DELAY default_timeout_microseconds: 2000
+                             allow_timeout_override: true max_queue_size: 16 }
+    }
+    model_warmup [ { name: "zeros" batch_size: 2 count: 3
+                     inputs { key: "x" value { data_type: TYPE_FP32 dims: [3, 5] zero_data: true } } } ]
+    """
+    make_repo(tmp_path, {"m": ["1", "2", "3"]}, {"m": text})
+    config = read_config(tmp_path / "m")
+    assert config.version_policy == ("latest", 2) and config.selects([1, 2, 3]) == [2, 3]
+    assert (config.queue_timeout_us, config.timeout_action, config.allow_timeout_override, config.max_queue_size) \
+        == (2000, "DELAY", True, 16)
+    [warmup] = config.warmup
+    assert (warmup.name, warmup.batch_size, warmup.count) == ("zeros", 2, 3)
+    assert warmup.inputs == {"x": ("float32", (3, 5), "zero", None)}
+    assert config.inputs[0].dims == (3, -1)
+
+
+@pytest.mark.parametrize("policy, served", [
+    ("", [3]), ("version_policy { all { } }", [1, 2, 3]), ("version_policy { latest { num_versions: 2 } }", [2, 3]),
+    ("version_policy { specific { versions: [1, 3] } }", [1, 3]),
+])
+def test_every_version_the_policy_selects_is_served(tmp_path, policy, served):
+    repo = make_repo(tmp_path, {"m": ["1", "2", "3"]}, {"m": policy})
+    assert repo.served("m") == served and repo.latest("m") == served[-1]
 
 
 def test_no_config_gives_triton_defaults_named_after_the_folder(tmp_path):
@@ -123,28 +137,48 @@ def test_no_config_gives_triton_defaults_named_after_the_folder(tmp_path):
 def test_config_json_is_accepted(tmp_path):
     make_repo(tmp_path, {"m": ["1"]})
     (tmp_path / "m" / "config.json").write_text(
-        '{"max_batch_size": 4, "instance_group": [{"kind": "KIND_CPU"}]}')
-    assert read_config(tmp_path / "m") == ModelConfig(name="m", max_batch_size=4)
+        '{"max_batch_size": 4, "instance_group": [{"kind": "KIND_CPU", "count": 2}]}')
+    config = read_config(tmp_path / "m")
+    assert (config.max_batch_size, config.instance_count, config.device) == (4, 2, "cpu")
 
 
 @pytest.mark.parametrize(("text", "found"), [
-    ("max_batch_size: 8\ninput [ { name: \"x\" \n", r"line 2: a field name is missing.*end of file"),
-    ("name: \"m\"\nmax_batch_size 8\n", r"line 2: field 'max_batch_size' has no value"),
-    ("dims: [1, 2\nname: \"m\"", r"line 2: the list of 'dims' is not closed"),
-    ("name: \"m\"\n\nmax_batch_size: \"eight\"", r"line 3: wrong value for 'max_batch_size'"),
-    ("max_batch_sise: 8", r"line 1: unknown field max_batch_sise.*Did you mean 'max_batch_size'"),
+    ("max_batch_sise: 8", r"line 1: unknown field 'max_batch_sise' in ModelConfig.*Did you mean 'max_batch_size'"),
     ("max_batch_size: 4\ndynamic_batching {\n  max_queue_delay: 5 }",
-     r"line 3: unknown field dynamic_batching.max_queue_delay"),
-    ("instance_group [ { kind: KIND_TPU } ]", r"unsupported instance_group kind"),
+     r"line 3: unknown field 'max_queue_delay' in ModelDynamicBatching.*Did you mean 'max_queue_delay_microseconds'"),
+    ("input [ { name: \"x\"\n data_typ: TYPE_FP32 } ]", r"line 2: unknown field 'data_typ' in ModelInput"),
+    ("model_warmup [ { name: \"w\" batch_sze: 1 } ]", r"line 1: unknown field 'batch_sze' in ModelWarmup"),
+    ("name: \"m\"\n\nmax_batch_size: \"eight\"", r"line 3: .*Couldn't parse integer"),
+    ("max_batch_size: 8\ninput [ { name: \"x\" \n", r"line 2: Expected"),
+    ("instance_group [ { kind: KIND_TPU } ]", r"line 1: .*no value named KIND_TPU"),
+    ("instance_group [ { kind: KIND_MODEL } ]", r"unsupported instance_group kind"),
+    ("instance_group [ { kind: KIND_GPU }, { kind: KIND_CPU } ]", r"every instance_group must use the same device"),
     ("dynamic_batching { }", r"dynamic_batching needs max_batch_size > 0"),
+    ("max_batch_size: 4\ndynamic_batching { priority_levels: 2 }", r"line 2: priority levels are not supported"),
     ("sequence_batching { }", r"'sequence_batching' \(stateful sequence models\) is not supported"),
+    ("ensemble_scheduling { }", r"'ensemble_scheduling' \(ensembles\) is not supported"),
+    ("\noptimization { graph { level: 1 } }", r"line 2: 'optimization' .* is not supported"),
+    ("platform: \"tensorflow_savedmodel\"", r"unsupported platform.*'onnxruntime_onnx'"),
+    ("input [ { name: \"x\" data_type: TYPE_FP32 dims: 3 reshape { shape: 3 } } ]", r"reshape is not supported"),
     ("name: \"other\"", r"must match its folder name"),
 ])
-def test_bad_config_names_the_file_and_the_problem(tmp_path, text, found):
+def test_bad_config_names_the_file_and_the_line(tmp_path, text, found):
     make_repo(tmp_path, {"m": ["1"]}, {"m": text})
     with pytest.raises(ConfigurationError, match=found) as info:
         read_config(tmp_path / "m")
     assert str(tmp_path / "m" / "config.pbtxt") in str(info.value)
+
+
+def test_a_warmup_file_must_lie_in_the_models_warmup_folder(tmp_path):
+    text = ('model_warmup [ { name: "w" batch_size: 1 inputs { key: "x" value { data_type: TYPE_FP32 dims: [4] '
+            'input_data_file: "../../secret" } } } ]')
+    make_repo(tmp_path, {"m": ["1"]}, {"m": text})
+    with pytest.raises(ConfigurationError, match="no file '../../secret' inside"):
+        read_config(tmp_path / "m")
+    (tmp_path / "m" / "warmup").mkdir()
+    (tmp_path / "m" / "warmup" / "x.bin").write_bytes(b"\0" * 16)
+    (tmp_path / "m" / "config.pbtxt").write_text(text.replace("../../secret", "x.bin"))
+    assert read_config(tmp_path / "m").warmup[0].inputs["x"][3] == tmp_path / "m" / "warmup" / "x.bin"
 
 
 def tensor(name, dtype, shape):

@@ -12,69 +12,11 @@ import pytest
 
 pytest.importorskip("starlette")
 httpclient = pytest.importorskip("tritonclient.http")
-from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 from tritonclient.utils import InferenceServerException  # noqa: E402
 
 from xdevice.serving.server import Server  # noqa: E402
 
-W = np.random.default_rng(0).normal(size=(4, 3)).astype(np.float32)
-B = np.arange(3, dtype=np.float32)
-
-
-def dense_model():
-    """y = relu(x @ W + B), total = sum(x, axis=1): two outputs, batch axis free."""
-    nodes = [helper.make_node("MatMul", ["x", "W"], ["xw"]), helper.make_node("Add", ["xw", "B"], ["z"]),
-             helper.make_node("Relu", ["z"], ["y"]),
-             helper.make_node("ReduceSum", ["x", "axes"], ["total"], keepdims=0)]
-    graph = helper.make_graph(
-        nodes, "dense", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 3]),
-         helper.make_tensor_value_info("total", TensorProto.FLOAT, ["batch"])],
-        [numpy_helper.from_array(W, "W"), numpy_helper.from_array(B, "B"),
-         numpy_helper.from_array(np.array([1], np.int64), "axes")])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
-    model.ir_version = 10
-    return model
-
-
-def strings_model():
-    graph = helper.make_graph([helper.make_node("Identity", ["s"], ["out"])], "strings",
-                              [helper.make_tensor_value_info("s", TensorProto.STRING, ["n"])],
-                              [helper.make_tensor_value_info("out", TensorProto.STRING, ["n"])])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
-    model.ir_version = 10
-    return model
-
-
-def reference(x):
-    return np.maximum(x @ W + B, 0), x.sum(axis=1)
-
-
-BATCHED = """max_batch_size: 8
-dynamic_batching { max_queue_delay_microseconds: 50000 }
-instance_group [ { count: 1 kind: KIND_CPU } ]
-"""
-
-
-@pytest.fixture(scope="module")
-def repository(tmp_path_factory):
-    root = tmp_path_factory.mktemp("repo")
-    for name, model, config in [("dense", dense_model(), None), ("batched", dense_model(), BATCHED),
-                                ("strings", strings_model(), None)]:
-        for version in (1, 2):
-            (root / name / str(version)).mkdir(parents=True)
-            (root / name / str(version) / "model.onnx").write_bytes(model.SerializeToString())
-        if config:
-            (root / name / "config.pbtxt").write_text(config)
-    (root / "dense" / "notes").mkdir()  # not a version: ignored
-    return root
-
-
-@pytest.fixture(scope="module")
-def server(repository):
-    with Server(repository, max_body=1 << 20) as running:
-        yield running
-
+from .onnx_models import reference  # noqa: E402
 
 @pytest.fixture
 def client(server):
@@ -169,7 +111,27 @@ HEADER = b'{"inputs": [{"name": "x", "shape": [1, 4], "datatype": "FP32", "param
     (b'{"inputs": []}', {}, "no `inputs`"),
     (b'{"inputs": [{"name": "x", "shape": [1, 4], "datatype": "FLOAT", "data": [1, 2, 3, 4]}]}', {},
      "unknown datatype"),
-])
+    (b'{"inputs": [{"name": "x", "shape": [1, 4], "datatype": "FP32", "data": [1, null, 3, 4]}]}', {},
+     "Received: 'null'"),
+    (b'{"inputs": [{"name": "x", "shape": [1, 4], "datatype": "FP32", "data": [1, true, 3, 4]}]}', {},
+     "Received: 'true'"),
+    (b'{"inputs": [{"name": "x", "shape": [2, 2], "datatype": "FP32", "data": [[1, 2, 3], [4]]}]}', {},
+     "nested data must follow the shape"),
+    (b'{"inputs": [{"name": "x", "shape": [1, 4], "datatype": "FP32", "data": ' + b"[" * 900 + b"1" + b"]" * 900
+     + b"}]}", {}, "nested data must follow the shape"),
+    (b'{"inputs": [{"name": "x", "shape": [1, 4], "datatype": "INT8", "data": [1, 2, 300, 4]}]}', {},
+     "beyond INT8's range"),
+    (b'{"inputs": [{"name": "x", "shape": [1, 4], "datatype": "INT32", "data": [1, 2.5, 3, 4]}]}', {},
+     "Expected whole numbers"),
+    (b'{"inputs": [{"name": "x", "shape": [1, 4], "datatype": "FP16", "data": [1, 2, 1e6, 4]}]}', {},
+     "beyond FP16's range"),
+    (b'{"inputs": [{"name": "x", "shape": [1, 4], "datatype": "BOOL", "data": [1, 0, 1, 0]}]}', {},
+     "Expected true or false"),
+    (b'{"inputs": [{"name": "x", "shape": [1, 4], "datatype": "FP32", "data": [1, 2, 3, 4]}],'
+     b' "parameters": {"timeout": 5}}', {}, "does not let a request set its own timeout"),
+], ids=["not-json", "count", "binary-short", "binary-long", "header-length", "no-inputs", "datatype", "null",
+        "bool-for-float", "ragged", "deep", "int8-overflow", "fraction-for-int", "fp16-overflow", "int-for-bool",
+        "timeout-override"])
 def test_malformed_bodies_get_400_with_json_errors(server, body, headers, text):
     status, reply = _raw(server, body, headers)
     import orjson
@@ -177,6 +139,25 @@ def test_malformed_bodies_get_400_with_json_errors(server, body, headers, text):
     assert status == 400 and text in orjson.loads(reply)["error"]
     assert _raw(server, b'{"inputs": [{"name": "x", "shape": [1, 4], "datatype": "FP32", '
                         b'"data": [1, 2, 3, 4]}]}')[0] == 200
+
+
+def test_a_client_that_never_finishes_its_headers_is_disconnected(repository):
+    """Slow-loris: 200 connections that send half a request line and stop are closed after the
+    header timeout, and the server answers a real request meanwhile."""
+    import socket
+
+    with Server(repository, header_timeout=0.5) as running:
+        idle = []
+        for _ in range(200):
+            s = socket.create_connection((running.host, running.port), timeout=10)
+            s.sendall(b"POST /v2/models/dense/infer HTTP/1.1\r\nHost: x\r\n")
+            idle.append(s)
+        assert httpclient.InferenceServerClient(running.url).is_server_live()
+        time.sleep(1.5)
+        closed = sum(s.recv(1) == b"" for s in idle)
+        for s in idle:
+            s.close()
+        assert closed == 200
 
 
 def test_unknown_paths_answer_json(server):

@@ -5,6 +5,10 @@ The first request waiting opens a batch; it closes as soon as its rows reach
 ``max_batch_size`` or one of the preferred sizes, or when ``max_queue_delay`` has passed
 since that request arrived. Each caller then gets exactly its own rows back: the
 rows ``[start, start + n)`` of every output, where ``start`` is its offset in the batch.
+
+The queue policy (Triton's ``default_queue_policy``): a request that has waited longer than
+its timeout is rejected (503) when a batch is gathered, or runs anyway when late requests are
+not rejected (``DELAY``); with ``max_queue_size`` requests waiting, a new one is refused (503).
 """
 
 from __future__ import annotations
@@ -18,8 +22,9 @@ from typing import Any
 
 import numpy as np
 
-from xdevice._errors import InferenceError
-from xdevice.serving.metrics import Metrics
+from xdevice._errors import InferenceError, message
+from xdevice.serving.metrics import Stats
+from xdevice.serving.protocol import BadRequest
 
 __all__ = ["Batcher"]
 
@@ -33,6 +38,7 @@ class _Pending:
     key: tuple
     arrived: float
     done: asyncio.Future
+    deadline: float | None  # when it stops being worth running (None: never)
 
 
 class Batcher:
@@ -43,26 +49,35 @@ class Batcher:
     """
 
     def __init__(self, run: Callable[[Arrays], Arrays], *, max_batch_size: int, max_queue_delay: float,
-                 executor: Any, metrics: Metrics, instances: int = 1, preferred: tuple[int, ...] = ()):
+                 executor: Any, stats: Stats, instances: int = 1, preferred: tuple[int, ...] = (),
+                 timeout: float = 0.0, reject_late: bool = True, max_queue_size: int = 0):
         self.run, self.max_batch_size, self.delay = run, max_batch_size, max_queue_delay
         self.preferred = set(preferred)
-        self.executor, self.metrics, self.instances = executor, metrics, instances
+        self.executor, self.stats, self.instances = executor, stats, instances
+        self.timeout, self.reject_late, self.max_queue_size = timeout or None, reject_late, max_queue_size
         self.queue: collections.deque[_Pending] = collections.deque()
         self.wakeup: asyncio.Event | None = None
         self.gathering: asyncio.Lock | None = None
         self.workers: list[asyncio.Task] = []
 
-    async def submit(self, inputs: Arrays) -> Arrays:
-        """The outputs for one request's ``inputs``, computed in a shared batch."""
+    async def submit(self, inputs: Arrays, timeout: float | None = ...) -> Arrays:
+        """The outputs for one request's ``inputs``, computed in a shared batch; ``timeout``:
+        seconds it may wait in the queue (default: the batcher's; None: no limit)."""
         loop = asyncio.get_running_loop()
         if not self.workers:
             self.wakeup, self.gathering = asyncio.Event(), asyncio.Lock()
             self.workers = [loop.create_task(self._work()) for _ in range(self.instances)]
+        if self.max_queue_size and len(self.queue) >= self.max_queue_size:
+            raise BadRequest(message("The model's queue is full", expected=f"at most {self.max_queue_size} "
+                                     "requests waiting (max_queue_size)", received=len(self.queue),
+                                     fix="send again shortly"), status=503)
         key = tuple(sorted((name, x.dtype.str, x.shape[1:]) for name, x in inputs.items()))
         rows = next(iter(inputs.values())).shape[0]
-        pending = _Pending(inputs, rows, key, time.perf_counter(), loop.create_future())
+        now = time.perf_counter()
+        timeout = self.timeout if timeout is ... else timeout
+        pending = _Pending(inputs, rows, key, now, loop.create_future(), None if timeout is None else now + timeout)
         self.queue.append(pending)
-        self.metrics.pending(+1)
+        self.stats.waiting(+1)
         self.wakeup.set()
         return await pending.done
 
@@ -74,7 +89,7 @@ class Batcher:
         self.workers = []
         while self.queue:
             item = self.queue.popleft()
-            self.metrics.pending(-1)
+            self.stats.waiting(-1)
             if not item.done.done():
                 item.done.set_exception(InferenceError(
                     "The model was unloaded while this request waited in its queue. Fix: send it again "
@@ -88,10 +103,12 @@ class Batcher:
                     self.wakeup.clear()
                     await self.wakeup.wait()
                 batch = await self._gather()
+            if not batch:
+                continue
             start = time.perf_counter()
             for item in batch:
-                self.metrics.pending(-1)
-                self.metrics.queued(start - item.arrived)
+                self.stats.waiting(-1)
+                self.stats.queued(start - item.arrived)
             try:
                 merged = {name: np.concatenate([item.inputs[name] for item in batch]) if len(batch) > 1
                           else batch[0].inputs[name] for name in batch[0].inputs}
@@ -101,7 +118,7 @@ class Batcher:
                 except asyncio.CancelledError:  # closing: this batch still reaches its callers
                     _split(batch, await running)
                     raise
-                self.metrics.executed(sum(item.rows for item in batch), time.perf_counter() - start)
+                self.stats.executed(sum(item.rows for item in batch), time.perf_counter() - start, len(batch))
                 _split(batch, outputs)
             except Exception as error:  # noqa: BLE001 - every caller of the batch hears of it
                 for item in batch:
@@ -109,10 +126,15 @@ class Batcher:
                         item.done.set_exception(error)
 
     async def _gather(self) -> list[_Pending]:
-        """The oldest request and the compatible ones that fit, once the batch should close."""
-        first = self.queue[0]
-        deadline = first.arrived + self.delay
+        """The oldest request and the compatible ones that fit, once the batch should close
+        (late requests are rejected first, when the policy says so)."""
         while True:
+            if self.reject_late:
+                self._reject_late()
+            if not self.queue:
+                return []
+            first = self.queue[0]
+            deadline = first.arrived + self.delay
             batch, rows = [], 0
             for item in self.queue:
                 if item.key == first.key and rows + item.rows <= self.max_batch_size:
@@ -128,6 +150,16 @@ class Batcher:
         for item in batch:
             self.queue.remove(item)
         return batch
+
+    def _reject_late(self) -> None:
+        now = time.perf_counter()
+        for item in [item for item in self.queue if item.deadline is not None and now > item.deadline]:
+            self.queue.remove(item)
+            self.stats.waiting(-1)
+            if not item.done.done():
+                item.done.set_exception(BadRequest(message(
+                    "The request waited in the queue past its timeout", received=f"{now - item.arrived:.3f} s",
+                    fix="send it again, or raise default_timeout_microseconds"), status=503))
 
 
 def _split(batch: list[_Pending], outputs: Arrays) -> None:

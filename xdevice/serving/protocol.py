@@ -6,7 +6,10 @@ length is the ``Inference-Header-Content-Length`` HTTP header. Numbers are littl
 row-major; BYTES elements are each a 4-byte little-endian length and the bytes. Responses
 mirror that: outputs the client asked for in binary (``binary_data_output`` or a per-output
 ``binary_data``) follow the JSON header, and the header length goes in the same HTTP header.
-Every malformed body raises ``BadRequest`` with what was wrong and what was expected.
+Every malformed body raises ``BadRequest`` with what was wrong and what was expected. JSON
+``data`` is either flat (as many values as the shape holds) or nested exactly as the shape
+is; its values must be of the datatype's kind (no ``null``, no ``true`` for a number, no
+fraction for an integer) and fit it (no overflow).
 """
 
 from __future__ import annotations
@@ -22,7 +25,8 @@ import orjson
 from xdevice._errors import InferenceError, message
 from xdevice.serving.repository import FROM_V2, V2_DATATYPES
 
-__all__ = ["BadRequest", "InferRequest", "decode_request", "encode_response", "HEADER_LENGTH"]
+__all__ = ["BadRequest", "InferRequest", "decode_request", "encode_response", "encode_bytes", "decode_bytes",
+           "HEADER_LENGTH"]
 
 HEADER_LENGTH = "inference-header-content-length"
 
@@ -42,6 +46,7 @@ class InferRequest:
     datatypes: dict[str, str]                  # input name -> V2 datatype as sent
     outputs: list[tuple[str, bool]] | None     # (name, binary); None: all outputs
     binary_outputs: bool                       # the default for outputs not listed
+    parameters: dict = dataclasses.field(default_factory=dict)  # the request's own (``timeout``)
 
 
 def decode_request(body: bytes, header_length: str | None) -> InferRequest:
@@ -85,6 +90,8 @@ def decode_request(body: bytes, header_length: str | None) -> InferRequest:
         raise BadRequest(message("The binary part is longer than the inputs' binary_data_size add up to",
                                  expected=f"{offset} bytes", received=f"{len(binary)} bytes"))
     parameters = header.get("parameters") or {}
+    if not isinstance(parameters, dict):
+        raise BadRequest(message("`parameters` must be an object", received=parameters))
     outputs = header.get("outputs")
     if outputs is not None:
         if not isinstance(outputs, list) or not all(isinstance(o, dict) and isinstance(o.get("name"), str)
@@ -94,7 +101,7 @@ def decode_request(body: bytes, header_length: str | None) -> InferRequest:
         outputs = [(o["name"], bool((o.get("parameters") or {}).get("binary_data", default))) for o in outputs]
     request_id = header.get("id")
     return InferRequest(None if request_id is None else str(request_id), inputs, datatypes, outputs,
-                        bool(parameters.get("binary_data_output", False)))
+                        bool(parameters.get("binary_data_output", False)), parameters)
 
 
 def encode_response(model: str, version: str, request: InferRequest, outputs: dict[str, np.ndarray]
@@ -122,6 +129,21 @@ def encode_response(model: str, version: str, request: InferRequest, outputs: di
     return header + b"".join(blobs), {HEADER_LENGTH: str(len(header)), "content-type": "application/octet-stream"}
 
 
+def decode_bytes(raw: bytes, name: str = "BYTES") -> np.ndarray:
+    """BYTES elements (4-byte little-endian length, then the bytes) as a 1-D object array."""
+    items, at = [], 0
+    while at < len(raw):
+        if at + 4 > len(raw):
+            raise BadRequest(message(f"Input {name!r}: a BYTES element is cut short"))
+        (length,) = struct.unpack_from("<I", raw, at)
+        if at + 4 + length > len(raw):
+            raise BadRequest(message(f"Input {name!r}: a BYTES element is longer than the data left",
+                                     expected=f"at most {len(raw) - at - 4} bytes", received=length))
+        items.append(raw[at + 4:at + 4 + length])
+        at += 4 + length
+    return np.array(items, dtype=object)
+
+
 def encode_bytes(values: np.ndarray) -> bytes:
     """BYTES elements as 4-byte little-endian lengths followed by the bytes, row-major."""
     parts = []
@@ -145,46 +167,78 @@ def _tensor_header(entry: Any) -> tuple[str, str, tuple[int, ...]]:
 
 
 def _from_json(name: str, data: Any, datatype: str, shape: tuple[int, ...]) -> np.ndarray:
-    flat = _flatten(data)
+    flat = _flatten(name, data, shape)
     if len(flat) != math.prod(shape):
         raise BadRequest(message(f"Input {name!r}: the data does not match the shape",
                                  expected=f"{math.prod(shape)} values for shape {list(shape)}",
                                  received=f"{len(flat)} values"))
+    kinds = set(map(type, flat))
     if datatype == "BYTES":
-        if not all(isinstance(v, str) for v in flat):
-            raise BadRequest(message(f"Input {name!r}: BYTES data in JSON must be strings"))
+        if kinds - {str}:
+            raise BadRequest(message(f"Input {name!r}: BYTES data in JSON must be strings",
+                                     received=_odd(flat, {str})))
         return np.array([v.encode() for v in flat], dtype=object).reshape(shape)
     if datatype == "BF16":
         raise BadRequest(message(f"Input {name!r}: BF16 cannot be sent as JSON",
                                  fix="send it in binary (the client's default)"))
+    dtype = np.dtype(FROM_V2[datatype])
+    allowed = {bool} if dtype.kind == "b" else {int} if dtype.kind in "iu" else {int, float}
+    if kinds - allowed:
+        raise BadRequest(message(f"Input {name!r}: the data are not {datatype}", received=_odd(flat, allowed),
+                                 expected={"b": "true or false", "i": "whole numbers", "u": "whole numbers"}.get(
+                                     dtype.kind, "numbers")))
     try:
-        return np.asarray(flat, dtype=FROM_V2[datatype]).reshape(shape)
+        wide = np.asarray(flat, dtype=np.float64 if dtype.kind == "f" else object)
+        if dtype.kind == "f" and np.any(np.abs(wide) > np.finfo(dtype).max):
+            raise OverflowError(f"a value beyond {datatype}'s range (+-{np.finfo(dtype).max:g})")
+        if dtype.kind in "iu" and flat:
+            low, high = min(flat), max(flat)
+            if low < np.iinfo(dtype).min or high > np.iinfo(dtype).max:
+                raise OverflowError(f"{low if low < np.iinfo(dtype).min else high} is beyond {datatype}'s range "
+                                    f"({np.iinfo(dtype).min}..{np.iinfo(dtype).max})")
+        return wide.astype(dtype).reshape(shape)
     except (TypeError, ValueError, OverflowError) as error:
-        raise BadRequest(message(f"Input {name!r}: the data are not {datatype}", received=str(error))) from None
+        raise BadRequest(message(f"Input {name!r}: the data do not fit {datatype}", received=str(error))) from None
 
 
-def _flatten(data: Any) -> list:
+def _odd(values: list, allowed: set) -> str:
+    """The first value whose type is not allowed, as JSON spells it."""
+    bad = next(v for v in values if type(v) not in allowed)
+    return "null" if bad is None else orjson.dumps(bad).decode()[:80]
+
+
+def _flatten(name: str, data: Any, shape: tuple[int, ...]) -> list:
+    """``data`` as a flat list: flat already, or nested exactly as ``shape`` (walked level by
+    level, never deeper than the shape, so no nesting can exhaust the stack)."""
     if not isinstance(data, list):
         return [data]
-    if data and isinstance(data[0], list):
-        return [v for row in data for v in _flatten(row)]
-    return data
+    if not any(isinstance(v, list) for v in data):
+        return data
+    level = [data]
+    for depth, size in enumerate(shape):
+        below = []
+        for node in level:
+            if not isinstance(node, list) or len(node) != size:
+                raise BadRequest(message(f"Input {name!r}: nested data must follow the shape",
+                                         expected=f"{size} entries at depth {depth} for shape {list(shape)}",
+                                         received=f"{len(node)} entries" if isinstance(node, list) else "a value",
+                                         fix="send the values flat, or nested exactly as the shape"))
+            below.extend(node)
+        level = below
+    if any(isinstance(v, list) for v in level):
+        raise BadRequest(message(f"Input {name!r}: the data are nested deeper than the shape",
+                                 expected=f"{len(shape)} levels for shape {list(shape)}"))
+    return level
 
 
 def _from_bytes(name: str, raw: bytes, datatype: str, shape: tuple[int, ...]) -> np.ndarray:
     count = math.prod(shape)
     if datatype == "BYTES":
-        items, at = [], 0
-        while at < len(raw):
-            if at + 4 > len(raw):
-                raise BadRequest(message(f"Input {name!r}: a BYTES element is cut short"))
-            (length,) = struct.unpack_from("<I", raw, at)
-            items.append(raw[at + 4:at + 4 + length])
-            at += 4 + length
-        if at != len(raw) or len(items) != count:
+        items = decode_bytes(raw, name)
+        if len(items) != count:
             raise BadRequest(message(f"Input {name!r}: the BYTES elements do not match the shape",
                                      expected=f"{count} elements", received=f"{len(items)}"))
-        return np.array(items, dtype=object).reshape(shape)
+        return items.reshape(shape)
     dtype = np.dtype(_numpy_dtype(datatype))
     if len(raw) != count * dtype.itemsize:
         raise BadRequest(message(f"Input {name!r}: binary_data_size does not match the shape",

@@ -1,9 +1,18 @@
-"""``xdevice serve``: a model repository behind the Open Inference Protocol (KServe V2) over HTTP.
+"""``xdevice serve``: a model repository behind the Open Inference Protocol (KServe V2), over
+HTTP and gRPC.
 
-Starlette on uvicorn; request bodies are parsed with orjson and numpy (no per-request
-schema objects); ONNX Runtime runs in a thread pool, off the event loop. Every bad request
-gets a 4xx with ``{"error": "..."}`` and the server keeps serving; stopping it lets the
+Starlette on uvicorn for HTTP (bodies parsed with orjson and numpy, no per-request schema
+objects), ``grpc.aio`` for gRPC on the same event loop, both over one :class:`Models`; ONNX
+Runtime runs in a thread pool, off the event loop. Every bad request gets a 4xx with
+``{"error": "..."}`` (or its gRPC status) and the server keeps serving; stopping it lets the
 requests in flight finish.
+
+It fails loud, as Triton does: a model that fails to load is logged with its reason and, by
+default (``exit_on_error``), stops start-up; otherwise the repository index carries every
+reason, and with ``strict_readiness`` (the default) ``/v2/health/ready`` answers 200 only
+when every model of the repository is ready. A client that opens a connection and does not
+finish its request headers within ``header_timeout`` seconds is disconnected (a slow-loris
+client would otherwise hold a connection open indefinitely).
 """
 
 from __future__ import annotations
@@ -11,95 +20,45 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
-import dataclasses
+import logging
 import threading
 import time
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import orjson
 
-from xdevice._errors import InferenceError, XDeviceError, message
-from xdevice.serving.batcher import Batcher
-from xdevice.serving.metrics import Metrics, Registry
-from xdevice.serving.protocol import HEADER_LENGTH, BadRequest, InferRequest, decode_request, encode_response
-from xdevice.serving.repository import V2_DATATYPES, ModelConfig, ModelNotFound, Repository, triton_config
-from xdevice.serving.session import Session
+from xdevice._errors import ConfigurationError, InferenceError, XDeviceError, message
+from xdevice.serving.metrics import Registry
+from xdevice.serving.models import Models, load_model, model_info, retire, server_info, statistics
+from xdevice.serving.protocol import HEADER_LENGTH, BadRequest, decode_request, encode_response
+from xdevice.serving.repository import ModelNotFound, Repository, triton_config
 
-__all__ = ["Server", "ServerProcess", "create_app", "serve"]
+__all__ = ["Server", "ServerProcess", "create_app", "serve", "ServerNotReady", "GRPC_PORT"]
 
 MAX_BODY = 64 * 2**20
+GRPC_PORT = 8001
+HEADER_TIMEOUT = 10.0  # seconds a client has to send its request headers
+BODY_TIMEOUT = 60.0  # seconds a client has to send its request body
+logger = logging.getLogger("xdevice.serving")
 
 
 class ServerNotReady(InferenceError, RuntimeError):
     """A server that did not start listening, or did not become ready."""
 
 
-@dataclasses.dataclass
-class _Loaded:
-    name: str
-    version: str
-    session: Session
-    config: ModelConfig
-    metrics: Metrics
-    batcher: Batcher | None
-    instances: concurrent.futures.ThreadPoolExecutor  # one thread per instance: one run at a time each
+def create_app(repository: str | Path, *, max_body: int = MAX_BODY, threads: int | None = None,
+               exit_on_error: bool = True, strict_readiness: bool = True, grpc_port: int | None = None,
+               grpc_host: str = "127.0.0.1"):
+    """The Starlette app serving ``repository`` (Triton's layout); loads every model now.
 
-
-class _Models:
-    """The repository's models as loaded sessions: the newest version of each, warmed up."""
-
-    def __init__(self, repository: Repository, registry: Registry, **session_options: Any):
-        self.repository, self.registry = repository, registry
-        self.session_options = session_options
-        self.loaded: dict[str, _Loaded] = {}
-        self.failed: dict[str, str] = {}
-        self.lock = threading.Lock()
-
-    def load(self, name: str) -> _Loaded:
-        config = self.repository.config(name)
-        version = self.repository.latest(name)
-        try:
-            session = Session(self.repository.path(name, version), device=config.device, **self.session_options)
-        except XDeviceError as error:
-            self.failed[name] = str(error)
-            raise
-        metrics = self.registry.of(name, str(version))
-        instances = concurrent.futures.ThreadPoolExecutor(config.instance_count, thread_name_prefix=f"xdevice-{name}")
-        batcher = None
-        if config.dynamic_batching and config.max_batch_size > 0:
-            batcher = Batcher(session.run, max_batch_size=config.max_batch_size,
-                              max_queue_delay=config.max_queue_delay_us / 1e6, executor=instances,
-                              metrics=metrics, instances=config.instance_count,
-                              preferred=config.preferred_batch_size)
-        model = _Loaded(name, str(version), session, config, metrics, batcher, instances)
-        with self.lock:
-            self.loaded[name] = model
-            self.failed.pop(name, None)
-        return model
-
-    def unload(self, name: str) -> _Loaded | None:
-        self.repository.config(name)  # an unknown name fails here, with the valid ones
-        with self.lock:
-            return self.loaded.pop(name, None)
-
-    def get(self, name: str, version: str | None = None) -> _Loaded:
-        model = self.loaded.get(name)
-        if model is None:
-            known = self.repository.models()
-            if name in known:
-                raise BadRequest(message(f"Model {name!r} is not loaded", received=name,
-                                         fix=f"POST /v2/repository/models/{name}/load"), status=400)
-            raise BadRequest(message("Unknown model", received=name, choices=known), status=404)
-        if version not in (None, "", model.version):
-            raise BadRequest(message(f"Model {name!r} has no such version loaded", received=version,
-                                     choices=[model.version]), status=404)
-        return model
-
-
-def create_app(repository: str | Path, *, max_body: int = MAX_BODY, threads: int | None = None):
-    """The Starlette app serving ``repository`` (Triton's layout); loads every model now."""
+    Args:
+        exit_on_error: raise ``ConfigurationError`` naming every model that failed to load
+            (Triton's ``--exit-on-error``); False: serve the others, the index says why.
+        strict_readiness: ready only when every model is (Triton's ``--strict-readiness``).
+        grpc_port: also serve gRPC (``GRPCInferenceService``) on this port once the app
+            starts (0: a free one, read back from ``app.state.grpc_port``); None: HTTP only.
+    """
     from starlette.applications import Starlette
     from starlette.exceptions import HTTPException
     from starlette.responses import Response
@@ -107,11 +66,15 @@ def create_app(repository: str | Path, *, max_body: int = MAX_BODY, threads: int
 
     registry = Registry()
     repo = Repository(repository)
+    models = Models(repo, registry, **({"threads": threads} if threads else {}))
     loader = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="xdevice-load")
-    models = _Models(repo, registry, **({"threads": threads} if threads else {}))
     for name in repo.models():
-        with contextlib.suppress(XDeviceError):  # its reason shows in the repository index
+        with contextlib.suppress(XDeviceError):  # kept in models.failed, logged, and shown in the index
             models.load(name)
+    if exit_on_error and models.failed:
+        reasons = "".join(f"\n  {name}: {reason}" for name, reason in sorted(models.failed.items()))
+        raise ConfigurationError(message(f"{len(models.failed)} model(s) failed to load:{reasons}\n",
+                                         fix="fix them, or pass --no-exit-on-error to serve the others"))
 
     def reply(value: Any = None, status: int = 200) -> Response:
         body = b"" if value is None else orjson.dumps(value)
@@ -131,26 +94,21 @@ def create_app(repository: str | Path, *, max_body: int = MAX_BODY, threads: int
             except XDeviceError as failure:
                 return error(str(failure), 400)
             except Exception as failure:  # noqa: BLE001 - answer, log nothing secret, keep serving
+                logger.exception("unexpected failure on %s", request.url.path)
                 return error(f"{type(failure).__name__}: {failure}", 500)
         return endpoint
 
     async def server_metadata(request):
-        from xdevice import __version__
-
-        return reply({"name": "xdevice", "version": __version__,
-                      "extensions": ["binary_tensor_data", "model_repository", "statistics"]})
+        return reply(server_info())
 
     async def live(request):
         return reply()
 
     async def ready(request):
-        return reply(None, 200 if all(m.session.ready for m in models.loaded.values()) else 503)
+        return reply(None, 200 if models.ready(strict_readiness) else 503)
 
     async def model_metadata(request, model, version=None):
-        loaded = models.get(model, version)
-        return reply({"name": loaded.name, "versions": [loaded.version], "platform": "onnxruntime_onnx",
-                      "inputs": [_spec(s) for s in loaded.session.inputs],
-                      "outputs": [_spec(s) for s in loaded.session.outputs]})
+        return reply(model_info(models, model, version))
 
     async def model_ready(request, model, version=None):
         loaded = models.get(model, version)
@@ -160,47 +118,33 @@ def create_app(repository: str | Path, *, max_body: int = MAX_BODY, threads: int
         loaded = models.get(model, version)
         return reply(triton_config(loaded.config, loaded.session.inputs, loaded.session.outputs))
 
+    async def model_stats(request, model=None, version=None):
+        return reply({"model_stats": statistics(models, model, version)})
+
     async def infer(request, model, version=None):
         start = time.perf_counter()
         loaded = models.get(model, version)
         try:
-            body = await _read_body(request, max_body)
+            body = await asyncio.wait_for(_read_body(request, max_body), BODY_TIMEOUT)
+        except asyncio.TimeoutError:
+            raise BadRequest(message("The request body did not arrive in time",
+                                     expected=f"the whole body within {BODY_TIMEOUT:g} s"), status=408) from None
+        try:
             parsed = decode_request(body, request.headers.get(HEADER_LENGTH))
-            inputs = _check_inputs(loaded, parsed)
-            if loaded.batcher is not None:
-                outputs = await loaded.batcher.submit(inputs)
-            else:
-                outputs = await asyncio.get_running_loop().run_in_executor(loaded.instances, _run, loaded, inputs)
-            content, headers = encode_response(loaded.name, loaded.version, parsed, outputs)
-        except Exception:
-            loaded.metrics.request(False, time.perf_counter() - start)
+        except BadRequest:
+            loaded.stats.request(False, time.perf_counter() - start)
             raise
-        loaded.metrics.request(True, time.perf_counter() - start)
+        outputs = await models.infer(loaded, parsed)
+        encoding = time.perf_counter()
+        content, headers = encode_response(loaded.name, loaded.version, parsed, outputs)
+        models.finished(loaded, start, encoding)
         return Response(content, headers=headers)
 
     async def repository_index(request):
-        entries = []
-        for name in repo.models():
-            for version in repo.versions(name):
-                loaded = models.loaded.get(name)
-                state = "READY" if loaded and loaded.version == str(version) else "UNAVAILABLE"
-                entry = {"name": name, "version": str(version), "state": state}
-                if name in models.failed:
-                    entry["reason"] = models.failed[name]
-                entries.append(entry)
-        return reply(entries)
-
-    async def retire(old: _Loaded | None) -> None:
-        """Stop a replaced or unloaded model; the runs it already started still finish."""
-        if old is not None:
-            if old.batcher is not None:
-                await old.batcher.close()
-            old.instances.shutdown(wait=False)
+        return reply(models.index())
 
     async def load(request, model):
-        old = models.loaded.get(model)
-        await asyncio.get_running_loop().run_in_executor(loader, models.load, model)
-        await retire(old)
+        await load_model(models, loader, model)
         return reply()
 
     async def unload(request, model):
@@ -215,56 +159,35 @@ def create_app(repository: str | Path, *, max_body: int = MAX_BODY, threads: int
 
     @contextlib.asynccontextmanager
     async def lifespan(app):
+        grpc_server = None
+        if grpc_port is not None:
+            from xdevice.serving.grpc_service import start_grpc
+
+            grpc_server, app.state.grpc_port = await start_grpc(models, loader, grpc_host, grpc_port,
+                                                                strict_readiness, max_body)
+            logger.info("gRPC (GRPCInferenceService) on %s:%d", grpc_host, app.state.grpc_port)
         yield
-        for loaded in list(models.loaded.values()):
-            await retire(loaded)
+        if grpc_server is not None:
+            await grpc_server.stop(5)
+        for loaded in models.all():
+            await retire([loaded])
             loaded.instances.shutdown(wait=True)
         loader.shutdown(wait=True)
 
     routes = [Route("/v2", handled(server_metadata)), Route("/v2/health/live", handled(live)),
               Route("/v2/health/ready", handled(ready)), Route("/metrics", handled(metrics)),
+              Route("/v2/models/stats", handled(model_stats)),
               Route("/v2/repository/index", handled(repository_index), methods=["POST"]),
               Route("/v2/repository/models/{model}/load", handled(load), methods=["POST"]),
               Route("/v2/repository/models/{model}/unload", handled(unload), methods=["POST"])]
     for prefix in ("/v2/models/{model}", "/v2/models/{model}/versions/{version}"):
         routes += [Route(prefix, handled(model_metadata)), Route(prefix + "/ready", handled(model_ready)),
-                   Route(prefix + "/config", handled(model_config)),
+                   Route(prefix + "/config", handled(model_config)), Route(prefix + "/stats", handled(model_stats)),
                    Route(prefix + "/infer", handled(infer), methods=["POST"])]
     app = Starlette(routes=routes, exception_handlers={HTTPException: http_error}, lifespan=lifespan)
     app.state.models = models
+    app.state.grpc_port = None
     return app
-
-
-def _run(loaded: _Loaded, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    start = time.perf_counter()
-    outputs = loaded.session.run(inputs)
-    rows = next(iter(inputs.values())).shape[0] if loaded.config.max_batch_size > 0 else 1
-    loaded.metrics.executed(rows, time.perf_counter() - start)
-    return outputs
-
-
-def _spec(spec) -> dict:
-    shape = [-1 if d is None else d for d in spec.shape]
-    return {"name": spec.name, "datatype": V2_DATATYPES[spec.dtype], "shape": shape}
-
-
-def _check_inputs(loaded: _Loaded, request: InferRequest) -> dict[str, np.ndarray]:
-    """The request's inputs checked by the session (names, datatypes, shapes), plus what
-    only the server knows: the outputs asked for and the batch limits. Checked per request,
-    before batching, so one bad request never fails the batch it would have joined."""
-    inputs = loaded.session.check_inputs(request.inputs)
-    outputs = [s.name for s in loaded.session.outputs]
-    for name, _ in request.outputs or []:
-        if name not in outputs:
-            raise BadRequest(message(f"Model {loaded.name!r} has no such output", received=name, choices=outputs))
-    rows = {value.shape[0] for value in inputs.values() if value.ndim}
-    limit = loaded.config.max_batch_size
-    if limit > 0 and rows and max(rows) > limit:
-        raise BadRequest(message(f"The batch is larger than model {loaded.name!r} allows",
-                                 expected=f"at most {limit} rows (max_batch_size)", received=max(rows)))
-    if loaded.batcher is not None and len(rows) > 1:
-        raise BadRequest(message("Inputs disagree on the batch size", received=sorted(rows)))
-    return inputs
 
 
 async def _read_body(request, limit: int) -> bytes:
@@ -284,6 +207,46 @@ async def _read_body(request, limit: int) -> bytes:
     return bytes(body)
 
 
+def _http_protocol(header_timeout: float):
+    """uvicorn's httptools protocol, closing a connection whose request headers do not all
+    arrive within ``header_timeout`` seconds of the connection or of the request's start."""
+    from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+    class Protocol(HttpToolsProtocol):
+        _header_timer = None
+
+        def connection_made(self, transport):
+            super().connection_made(transport)
+            self._arm()
+
+        def on_message_begin(self):
+            super().on_message_begin()
+            self._arm()
+
+        def on_headers_complete(self):
+            self._disarm()
+            super().on_headers_complete()
+
+        def connection_lost(self, exc):
+            self._disarm()
+            super().connection_lost(exc)
+
+        def _arm(self):
+            self._disarm()
+            self._header_timer = self.loop.call_later(header_timeout, self._expire)
+
+        def _disarm(self):
+            if self._header_timer is not None:
+                self._header_timer.cancel()
+                self._header_timer = None
+
+        def _expire(self):
+            if not self.transport.is_closing():
+                self.transport.close()
+
+    return Protocol
+
+
 class Server:
     """The server on a thread of this process (tests, benchmarks, notebooks).
 
@@ -292,20 +255,26 @@ class Server:
     """
 
     def __init__(self, repository: str | Path, host: str = "127.0.0.1", port: int = 0, *,
-                 grace: float = 10.0, **options: Any):
+                 grace: float = 10.0, grpc_port: int | None = 0, header_timeout: float = HEADER_TIMEOUT,
+                 **options: Any):
         import uvicorn
 
-        self.app = create_app(repository, **options)
-        config = uvicorn.Config(self.app, host=host, port=port, log_level="warning",
-                                timeout_graceful_shutdown=grace)
+        self.app = create_app(repository, grpc_port=grpc_port, grpc_host=host, **options)
+        config = uvicorn.Config(self.app, host=host, port=port, log_level="warning", access_log=False,
+                                timeout_graceful_shutdown=grace, http=_http_protocol(header_timeout))
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, name="xdevice-serve", daemon=True)
         self.host, self.port = host, port
 
     @property
     def url(self) -> str:
-        """``host:port``, as the standard clients take it."""
+        """``host:port`` of HTTP, as the standard clients take it."""
         return f"{self.host}:{self.port}"
+
+    @property
+    def grpc_url(self) -> str:
+        """``host:port`` of gRPC (``tritonclient.grpc``)."""
+        return f"{self.host}:{self.app.state.grpc_port}"
 
     def start(self, timeout: float = 30.0) -> Server:
         self.thread.start()
@@ -338,15 +307,14 @@ class ServerProcess:
     ...     client = tritonclient.http.InferenceServerClient(server.url)
     """
 
-    def __init__(self, repository: str | Path, *, threads: int | None = None, timeout: float = 120.0):
-        import socket
+    def __init__(self, repository: str | Path, *, threads: int | None = None, timeout: float = 120.0,
+                 options: list[str] = ()):
         import sys
 
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            self.port = probe.getsockname()[1]
-        self.url = f"127.0.0.1:{self.port}"
-        self.command = [sys.executable, "-m", "xdevice", "serve", str(repository), "--port", str(self.port)]
+        self.port, self.grpc_port = _free_port(), _free_port()
+        self.url, self.grpc_url = f"127.0.0.1:{self.port}", f"127.0.0.1:{self.grpc_port}"
+        self.command = [sys.executable, "-m", "xdevice", "serve", str(repository), "--port", str(self.port),
+                        "--grpc-port", str(self.grpc_port), *options]
         if threads is not None:
             self.command += ["--threads", str(threads)]
         self.timeout = timeout
@@ -378,11 +346,28 @@ class ServerProcess:
         self.process.wait(30)
 
 
-def serve(repository: str | Path, host: str = "127.0.0.1", port: int = 8000, **options: Any) -> None:
-    """Serve ``repository`` until interrupted (what ``xdevice serve`` runs)."""
+def serve(repository: str | Path, host: str = "127.0.0.1", port: int = 8000, *, grpc_port: int | None = GRPC_PORT,
+          access_log: bool = False, header_timeout: float = HEADER_TIMEOUT, log_level: str = "info",
+          **options: Any) -> None:
+    """Serve ``repository`` until interrupted (what ``xdevice serve`` runs).
+
+    Raises:
+        ConfigurationError: a model failed to load (with ``exit_on_error``, the default).
+    """
     import uvicorn
 
-    app = create_app(repository, **options)
-    print(f"serving {', '.join(app.state.models.loaded) or 'no models'} from {repository} "
-          f"on http://{host}:{port} (KServe V2; metrics at /metrics)", flush=True)
-    uvicorn.run(app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=10)
+    app = create_app(repository, grpc_port=grpc_port or None, grpc_host=host, **options)
+    models = app.state.models
+    logger.info("serving %s from %s on http://%s:%d%s (KServe V2; metrics at /metrics)",
+                ", ".join(models.loaded) or "no models", repository, host, port,
+                f" and grpc://{host}:{grpc_port}" if grpc_port else "")
+    uvicorn.run(app, host=host, port=port, log_level=log_level if access_log else "warning", access_log=access_log,
+                timeout_graceful_shutdown=10, http=_http_protocol(header_timeout))
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]

@@ -64,6 +64,7 @@ class Session:
         tensorrt: put ORT's TensorRT provider before CUDA (GPU only).
         strict: on a GPU, refuse a model with any node assigned to the CPU provider.
         warmup: run once on zeros before ``ready`` turns True.
+        name: the model's name in messages (default: the file's stem, or the graph's name).
 
     Raises:
         DeviceNotFound: a GPU was asked for but ORT's CUDA provider did not register.
@@ -77,7 +78,7 @@ class Session:
 
     def __init__(self, model: Any, device: Any = "cpu", *, threads: int | None = None,
                  optimization: str = "all", tensorrt: bool = False, strict: bool = False,
-                 warmup: bool = True) -> None:
+                 warmup: bool = True, name: str | None = None) -> None:
         import onnxruntime as ort
 
         from xdevice.converters.load import load_model
@@ -89,7 +90,7 @@ class Session:
         options = _session_options(ort, threads, optimization)
         proto = load_model(model, check=True)
         self.model_path = Path(os.fspath(model)) if isinstance(model, (str, os.PathLike)) else None
-        self.name = self.model_path.stem if self.model_path else (proto.graph.name or "model")
+        self.name = name or (self.model_path.stem if self.model_path else (proto.graph.name or "model"))
         external = self.model_path is not None and _has_external_data(proto)
         source = str(self.model_path) if external else proto.SerializeToString()
         del proto

@@ -1,0 +1,348 @@
+"""The models a server holds, shared by its HTTP and gRPC endpoints: loading, readiness,
+the repository index, and running one request (checks, batching, statistics).
+
+A model is loaded as every version its ``version_policy`` selects, each an ONNX Runtime
+session checked against the inputs and outputs its configuration declares and warmed up
+with the configuration's ``model_warmup`` samples before it counts as ready. A model that
+fails to load keeps its reason, which the repository index shows and the log says.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import dataclasses
+import logging
+import threading
+import time
+from typing import Any
+
+import numpy as np
+
+from xdevice._errors import ConfigurationError, XDeviceError, message
+from xdevice.serving.batcher import Batcher
+from xdevice.serving.config import ModelConfig, Warmup
+from xdevice.serving.metrics import Registry, Stats
+from xdevice.serving.protocol import BadRequest, InferRequest
+from xdevice.serving.repository import V2_DATATYPES, ModelNotFound, Repository
+from xdevice.serving.session import Session
+
+__all__ = ["Loaded", "Models", "load_model", "model_info", "retire", "server_info", "statistics"]
+
+logger = logging.getLogger("xdevice.serving")
+
+
+@dataclasses.dataclass
+class Loaded:
+    """One version of a model, ready to serve."""
+
+    name: str
+    version: str
+    session: Session
+    config: ModelConfig
+    stats: Stats
+    batcher: Batcher | None
+    instances: concurrent.futures.ThreadPoolExecutor  # one thread per instance: one run at a time each
+
+
+class Models:
+    """The repository's models as loaded sessions, by name and version."""
+
+    def __init__(self, repository: Repository, registry: Registry, **session_options: Any):
+        self.repository, self.registry = repository, registry
+        self.session_options = session_options
+        self.loaded: dict[str, dict[str, Loaded]] = {}
+        self.failed: dict[str, str] = {}  # model -> why it is not served
+        self.lock = threading.Lock()
+
+    # -- loading ----------------------------------------------------------------------------
+
+    def load(self, name: str) -> list[Loaded]:
+        """Load every version of ``name`` its policy selects (replacing what was loaded).
+
+        Raises:
+            XDeviceError: the model cannot be served; the reason is also kept for the index.
+        """
+        try:
+            config = self.repository.config(name)
+            versions = self.repository.served(name)
+            if not versions:
+                raise ModelNotFound(message(
+                    f"Model {name!r} has no version to serve",
+                    expected="a folder <model>/<number>/model.onnx allowed by version_policy",
+                    received=f"versions on disk: {self.repository.versions(name)}"))
+            ready = [self._version(name, str(v), config) for v in versions]
+        except XDeviceError as error:
+            with self.lock:
+                self.failed[name] = str(error)
+            logger.error("model %r failed to load: %s", name, error)
+            raise
+        with self.lock:
+            self.loaded[name] = {m.version: m for m in ready}
+            self.failed.pop(name, None)
+        logger.info("model %r ready: version%s %s on %s", name, "s" * (len(ready) > 1),
+                    ", ".join(m.version for m in ready), config.device)
+        return ready
+
+    def _version(self, name: str, version: str, config: ModelConfig) -> Loaded:
+        path = self.repository.path(name, version)
+        session = Session(path, device=config.device, name=name, warmup=not config.warmup, **self.session_options)
+        _declared(name, config, session)
+        for sample in config.warmup:
+            _warm(name, config, session, sample)
+        stats = self.registry.of(name, version)
+        instances = concurrent.futures.ThreadPoolExecutor(config.instance_count,
+                                                          thread_name_prefix=f"xdevice-{name}-{version}")
+        batcher = None
+        if config.dynamic_batching:
+            batcher = Batcher(session.run, max_batch_size=config.max_batch_size,
+                              max_queue_delay=config.max_queue_delay_us / 1e6, executor=instances, stats=stats,
+                              instances=config.instance_count, preferred=config.preferred_batch_size,
+                              timeout=config.queue_timeout_us / 1e6, reject_late=config.timeout_action == "REJECT",
+                              max_queue_size=config.max_queue_size)
+        return Loaded(name, version, session, config, stats, batcher, instances)
+
+    def unload(self, name: str) -> list[Loaded]:
+        self.repository.config(name)  # an unknown name fails here, with the valid ones
+        with self.lock:
+            self.failed.pop(name, None)
+            return list(self.loaded.pop(name, {}).values())
+
+    # -- looking up -------------------------------------------------------------------------
+
+    def get(self, name: str, version: str | None = None) -> Loaded:
+        versions = self.loaded.get(name)
+        if not versions:
+            known = self.repository.models()
+            if name in known:
+                reason = self.failed.get(name)
+                raise BadRequest(message(f"Model {name!r} is not loaded" + (f": {reason}" if reason else ""),
+                                         received=name, fix=f"POST /v2/repository/models/{name}/load"),
+                                 status=400 if reason is None else 503)
+            raise BadRequest(message("Unknown model", received=name, choices=known), status=404)
+        if version in (None, ""):
+            return versions[max(versions, key=int)]  # the newest loaded version, as Triton does
+        if version not in versions:
+            raise BadRequest(message(f"Model {name!r} has no such version loaded", received=version,
+                                     choices=sorted(versions, key=int)), status=404)
+        return versions[version]
+
+    def ready(self, strict: bool) -> bool:
+        """Strict: every model of the repository is loaded and ready (Triton's
+        ``--strict-readiness``); otherwise: the server is up."""
+        if not strict:
+            return True
+        if self.failed or set(self.repository.models()) - set(self.loaded):
+            return False
+        return all(m.session.ready for versions in self.loaded.values() for m in versions.values())
+
+    def index(self) -> list[dict]:
+        """One entry per model and version folder (and per model with none), with its state
+        and, when it is not served, why."""
+        entries = []
+        for entry in self.repository.index():
+            name, version = entry["name"], entry["version"]
+            loaded = self.loaded.get(name, {})
+            if version in loaded:
+                entries.append({"name": name, "version": version, "state": "READY", "reason": ""})
+                continue
+            reason = self.failed.get(name) or entry["reason"]
+            if not reason and name in self.loaded:
+                reason = "not selected by the model's version_policy"
+            elif not reason:
+                reason = "unloaded"
+            entries.append({"name": name, "version": version, "state": "UNAVAILABLE", "reason": reason})
+        return entries
+
+    def all(self) -> list[Loaded]:
+        return [m for versions in list(self.loaded.values()) for m in versions.values()]
+
+    # -- serving one request -----------------------------------------------------------------
+
+    async def infer(self, loaded: Loaded, request: InferRequest) -> dict[str, np.ndarray]:
+        """The outputs for one request (its inputs checked first, so a bad request never
+        fails the batch it would have joined); failures are counted here, successes by the
+        caller once the response is encoded (:meth:`finished`)."""
+        start = time.perf_counter()
+        try:
+            inputs = _check_request(loaded, request)
+            timeout = _timeout(loaded.config, request)
+            loaded.stats.phase("compute_input", time.perf_counter() - start)
+            if loaded.batcher is not None:
+                return await loaded.batcher.submit(inputs, timeout=timeout)
+            return await asyncio.get_running_loop().run_in_executor(loaded.instances, _run, loaded, inputs)
+        except Exception:
+            loaded.stats.request(False, time.perf_counter() - start)
+            raise
+
+    @staticmethod
+    def finished(loaded: Loaded, start: float, encoded: float) -> None:
+        """A request answered: ``start`` when it arrived, ``encoded`` when its outputs were."""
+        now = time.perf_counter()
+        loaded.stats.phase("compute_output", now - encoded)
+        loaded.stats.request(True, now - start)
+
+
+def _run(loaded: Loaded, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    start = time.perf_counter()
+    outputs = loaded.session.run(inputs)
+    rows = next(iter(inputs.values())).shape[0] if loaded.config.max_batch_size > 0 else 1
+    loaded.stats.executed(rows, time.perf_counter() - start)
+    return outputs
+
+
+def _timeout(config: ModelConfig, request: InferRequest) -> float | None:
+    """Seconds this request may wait in the queue: the queue policy's, or the request's own
+    ``timeout`` (microseconds) where the policy allows it."""
+    asked = request.parameters.get("timeout")
+    if asked is not None:
+        if not config.allow_timeout_override:
+            raise BadRequest(message(f"Model {config.name!r} does not let a request set its own timeout",
+                                     received=f"timeout={asked}",
+                                     fix="drop the timeout parameter, or set allow_timeout_override"))
+        if not isinstance(asked, int) or isinstance(asked, bool) or asked < 0:
+            raise BadRequest(message("timeout is in microseconds", expected="a whole number >= 0", received=asked))
+        return asked / 1e6 if asked else None
+    return config.queue_timeout_us / 1e6 if config.queue_timeout_us else None
+
+
+def _check_request(loaded: Loaded, request: InferRequest) -> dict[str, np.ndarray]:
+    """The request's inputs checked by the session (names, datatypes, shapes), plus what only
+    the server knows: the outputs asked for and the batch limits."""
+    try:
+        inputs = loaded.session.check_inputs(request.inputs)
+    except XDeviceError as error:
+        raise BadRequest(str(error)) from None
+    outputs = [s.name for s in loaded.session.outputs]
+    for name, _ in request.outputs or []:
+        if name not in outputs:
+            raise BadRequest(message(f"Model {loaded.name!r} has no such output", received=name, choices=outputs))
+    rows = {value.shape[0] for value in inputs.values() if value.ndim}
+    limit = loaded.config.max_batch_size
+    if limit > 0 and rows and max(rows) > limit:
+        raise BadRequest(message(f"The batch is larger than model {loaded.name!r} allows",
+                                 expected=f"at most {limit} rows (max_batch_size)", received=max(rows)))
+    if loaded.batcher is not None and len(rows) > 1:
+        raise BadRequest(message("Inputs disagree on the batch size", received=sorted(rows)))
+    return inputs
+
+
+def _declared(name: str, config: ModelConfig, session: Session) -> None:
+    """The inputs and outputs the configuration declares, checked against the model."""
+    batched = config.max_batch_size > 0
+    for role, declared, actual in (("input", config.inputs, session.inputs), ("output", config.outputs,
+                                                                             session.outputs)):
+        specs = {s.name: s for s in actual}
+        for tensor in declared:
+            where = f"{config.source}: {role} {tensor.name!r}"
+            if tensor.name not in specs:
+                raise ConfigurationError(message(f"{where} is not one of the model's {role}s",
+                                                 received=tensor.name, choices=list(specs)))
+            spec = specs[tensor.name]
+            if tensor.dtype != spec.dtype:
+                raise ConfigurationError(message(f"{where} has the model's type wrong",
+                                                 expected=spec.dtype, received=tensor.dtype))
+            shape = spec.shape[1:] if batched else spec.shape
+            if batched and spec.shape and spec.shape[0] not in (None,):
+                raise ConfigurationError(message(
+                    f"{config.source}: max_batch_size > 0 but {role} {tensor.name!r} has a fixed first "
+                    f"dimension ({spec.shape[0]})", fix="set max_batch_size: 0, or export with a dynamic batch"))
+            if len(tensor.dims) != len(shape) or any(d != -1 and m is not None and d != m
+                                                     for d, m in zip(tensor.dims, shape)):
+                raise ConfigurationError(message(
+                    f"{where} has dims that do not fit the model", expected=str(_dims(shape)),
+                    received=str(list(tensor.dims)),
+                    fix="the batch axis is left out of dims when max_batch_size > 0" if batched else None))
+
+
+def _dims(shape: tuple) -> list[int]:
+    return [-1 if d is None else d for d in shape]
+
+
+def _warm(name: str, config: ModelConfig, session: Session, sample: Warmup) -> None:
+    """Run one ``model_warmup`` sample ``count`` times; a failure is a failure to load."""
+    rng = np.random.default_rng(0)
+    feeds = {}
+    for input_name, (dtype, dims, how, file) in sample.inputs.items():
+        shape = ((max(sample.batch_size, 1),) if config.max_batch_size > 0 else ()) + tuple(dims)
+        feeds[input_name] = _sample(dtype, shape, how, file, rng)
+    try:
+        for _ in range(sample.count):
+            session.run(feeds)
+    except XDeviceError as error:
+        raise ConfigurationError(message(f"{config.source}: warm-up {sample.name!r} of model {name!r} failed",
+                                         received=str(error)[:500])) from error
+
+
+def _sample(dtype: str, shape: tuple, how: str, file: Any, rng: np.random.Generator) -> np.ndarray:
+    count = int(np.prod(shape))
+    if dtype == "string":
+        if how == "file":
+            from xdevice.serving.protocol import decode_bytes
+
+            return decode_bytes(file.read_bytes()).reshape(shape)
+        return np.array([b"" if how == "zero" else str(v).encode() for v in rng.integers(0, 100, count)],
+                        dtype=object).reshape(shape)
+    if dtype == "bfloat16":
+        import ml_dtypes
+
+        numpy_dtype = np.dtype(ml_dtypes.bfloat16)
+    else:
+        numpy_dtype = np.dtype(dtype)
+    if how == "file":
+        return np.frombuffer(file.read_bytes(), dtype=numpy_dtype.newbyteorder("<")).astype(numpy_dtype).reshape(shape)
+    if how == "zero":
+        return np.zeros(shape, numpy_dtype)
+    if numpy_dtype.kind == "f" or dtype == "bfloat16":
+        return rng.normal(size=shape).astype(numpy_dtype)
+    if numpy_dtype.kind == "b":
+        return rng.integers(0, 2, size=shape).astype(bool)
+    return rng.integers(0, 8, size=shape).astype(numpy_dtype)
+
+
+# -- what HTTP and gRPC answer alike -------------------------------------------------------------
+
+def server_info() -> dict:
+    from xdevice import __version__
+
+    return {"name": "xdevice", "version": __version__,
+            "extensions": ["binary_tensor_data", "model_repository", "statistics"]}
+
+
+def model_info(models: Models, name: str, version: str | None) -> dict:
+    loaded = models.get(name, version)
+    return {"name": loaded.name, "versions": sorted(models.loaded.get(name, {}), key=int),
+            "platform": "onnxruntime_onnx",
+            "inputs": [_spec(s) for s in loaded.session.inputs], "outputs": [_spec(s) for s in loaded.session.outputs]}
+
+
+def statistics(models: Models, name: str | None, version: str | None) -> list[dict]:
+    """Triton's statistics of one model (one version, or every loaded one), or of every model."""
+    if name is None:
+        chosen = models.all()
+    elif version:
+        chosen = [models.get(name, version)]
+    else:
+        models.get(name)  # an unknown or unloaded model fails here
+        chosen = list(models.loaded.get(name, {}).values())
+    return [m.stats.snapshot(m.name, m.version) for m in chosen]
+
+
+async def load_model(models: Models, loader: concurrent.futures.Executor, name: str) -> None:
+    """(Re)load ``name`` off the event loop, then stop the versions it replaced."""
+    old = list(models.loaded.get(name, {}).values())
+    await asyncio.get_running_loop().run_in_executor(loader, models.load, name)
+    await retire(old)
+
+
+async def retire(old: list[Loaded]) -> None:
+    """Stop replaced or unloaded versions; the runs they already started still finish."""
+    for loaded in old:
+        if loaded.batcher is not None:
+            await loaded.batcher.close()
+        loaded.instances.shutdown(wait=False)
+
+
+def _spec(spec) -> dict:
+    shape = [-1 if d is None else d for d in spec.shape]
+    return {"name": spec.name, "datatype": V2_DATATYPES[spec.dtype], "shape": shape}
