@@ -1,11 +1,12 @@
-"""The server under load from the standard client: throughput, latency and errors, batched against plain.
+"""The server under load from the standard clients: throughput, latency and errors, batched against
+plain, over HTTP (JSON and binary tensors) and gRPC.
 
 For each zoo model: a repository in a temporary folder with the same ONNX model twice,
 ``<model>_batched`` (``max_batch_size: 64``, dynamic batching with a 0.5 ms queue delay) and
 ``<model>_plain`` (``max_batch_size: 64``, each request runs alone); both have two instances
 (one per core here), each running one execution at a time, as in Triton. The server is
 ``xdevice serve`` in its own process on loopback, as it is deployed; ``tritonclient.http.aio``
-in this process sends batch-1 requests with binary data
+(JSON or binary tensors) and ``tritonclient.grpc.aio`` in this process send batch-1 requests
 from N coroutines, each looping for ``--duration`` seconds, at concurrency 1 and 32. The raw
 baseline is ``onnxruntime.InferenceSession.run`` at batch 1 in a loop, in the same run and
 with the same ORT threads; it also runs at batch 32, and the ratio of rows/s at batch 32 to
@@ -13,11 +14,11 @@ rows/s at batch 1 is the most batching can save in compute (the rest it saves is
 dispatch). Prints requests/s, p50 and p99 latency and errors per cell, then
 the batching speed-up at the highest concurrency (batched / plain requests/s), the server
 overhead at concurrency 1 (server p50 - raw p50) and the total errors. ``--soak SECONDS``
-also runs ``cnn_batched`` at the highest concurrency that long and reports the server
-process's resident memory over the second half. Run:
+also runs ``cnn_batched`` at the highest concurrency that long, half the coroutines on HTTP
+and half on gRPC, and reports the server process's resident memory over the second half. Run:
 
     .venv/bin/python benchmarks/serve.py [--models mlp cnn] [--duration 8] [--concurrency 1 32]
-                                         [--threads 1] [--soak 60]
+                                         [--transports http-json http-binary grpc] [--threads 1] [--soak 60]
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ from xdevice.serving import ServerProcess
 
 MAX_BATCH = 64
 DELAY_US = 500
-INSTANCES = f"instance_group [{{ count: 2 kind: KIND_CPU }}]\n"
+INSTANCES = "instance_group [{ count: 2 kind: KIND_CPU }]\n"
 CONFIGS = {
     "batched": f"max_batch_size: {MAX_BATCH}\ndynamic_batching {{ max_queue_delay_microseconds: {DELAY_US} }}\n"
                + INSTANCES,
@@ -94,27 +95,66 @@ def raw_baseline(path: Path, x: np.ndarray, threads: int, duration: float) -> tu
     return float(p50), float(p99), len(times) / elapsed
 
 
-async def load(client, model: str, x: np.ndarray, output: str, concurrency: int, duration: float,
-               warmup: float) -> dict:
-    """``concurrency`` coroutines sending batch-1 requests for ``warmup + duration`` seconds.
+TRANSPORTS = ("http-json", "http-binary", "grpc")
+
+
+class Clients:
+    """One aio client per protocol (tritonclient.http.aio, tritonclient.grpc.aio), made when
+    first used (gRPC's client keeps a polling thread that would load the HTTP cells), and the
+    request each transport sends."""
+
+    def __init__(self, url: str, grpc_url: str, connections: int):
+        from tritonclient.http.aio import InferenceServerClient as HttpClient
+
+        self.http, self.grpc_url, self._grpc = HttpClient(url, conn_limit=connections), grpc_url, None
+
+    @property
+    def grpc(self):
+        if self._grpc is None:
+            from tritonclient.grpc.aio import InferenceServerClient as GrpcClient
+
+            self._grpc = GrpcClient(self.grpc_url)
+        return self._grpc
+
+    def call(self, transport: str, model: str, x: np.ndarray, output: str):
+        """A coroutine factory for one request on ``transport``."""
+        if transport == "grpc":
+            from tritonclient.grpc import InferInput, InferRequestedOutput
+
+            request = InferInput("input", list(x.shape), "FP32")
+            request.set_data_from_numpy(x)
+            wanted, client = [InferRequestedOutput(output)], self.grpc
+        else:
+            from tritonclient.http import InferInput, InferRequestedOutput
+
+            binary = transport == "http-binary"
+            request = InferInput("input", list(x.shape), "FP32")
+            request.set_data_from_numpy(x, binary_data=binary)
+            wanted, client = [InferRequestedOutput(output, binary_data=binary)], self.http
+        return lambda: client.infer(model, [request], outputs=wanted)
+
+    async def close(self) -> None:
+        await self.http.close()
+        if self._grpc is not None:
+            await self._grpc.close()
+
+
+async def load(calls: list, output: str, concurrency: int, duration: float, warmup: float) -> dict:
+    """``concurrency`` coroutines (taking the ``calls`` in turn) sending batch-1 requests for
+    ``warmup + duration`` seconds.
 
     Requests that start in the warm-up are not counted; the measured window runs from the end
     of the warm-up until the last request in flight returns.
     """
-    from tritonclient.http import InferInput, InferRequestedOutput
-
-    request = InferInput("input", list(x.shape), "FP32")
-    request.set_data_from_numpy(x, binary_data=True)
-    wanted = [InferRequestedOutput(output, binary_data=True)]
     latencies: list[float] = []
     errors: list[str] = []
     begin = time.perf_counter()
     measure, end = begin + warmup, begin + warmup + duration
 
-    async def worker():
+    async def worker(call):
         while (now := time.perf_counter()) < end:
             try:
-                result = await client.infer(model, [request], outputs=wanted)
+                result = await call()
                 ok = result.as_numpy(output) is not None
                 failure = None if ok else "no output"
             except Exception as error:  # noqa: BLE001 - count every failure, keep loading
@@ -125,24 +165,21 @@ async def load(client, model: str, x: np.ndarray, output: str, concurrency: int,
                 else:
                     errors.append(failure)
 
-    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    await asyncio.gather(*(worker(calls[i % len(calls)]) for i in range(concurrency)))
     elapsed = time.perf_counter() - measure
     p50, p99 = np.percentile(latencies, [50, 99]) if latencies else (float("nan"),) * 2
     return {"rps": len(latencies) / elapsed, "p50": float(p50), "p99": float(p99), "errors": len(errors),
             "first_error": errors[0] if errors else ""}
 
 
-async def check(client, model: str, x: np.ndarray, output: str, expected: np.ndarray) -> float:
+async def check(clients: Clients, transport: str, model: str, x: np.ndarray, output: str,
+                expected: np.ndarray) -> float:
     """The max abs difference between the server's answer and ORT's own."""
-    from tritonclient.http import InferInput, InferRequestedOutput
-
-    request = InferInput("input", list(x.shape), "FP32")
-    request.set_data_from_numpy(x, binary_data=True)
-    result = await client.infer(model, [request], outputs=[InferRequestedOutput(output, binary_data=True)])
+    result = await clients.call(transport, model, x, output)()
     return float(np.max(np.abs(result.as_numpy(output) - expected)))
 
 
-async def soak(client, pid: int, x: np.ndarray, output: str, concurrency: int, seconds: float) -> None:
+async def soak(clients: Clients, pid: int, x: np.ndarray, output: str, concurrency: int, seconds: float) -> None:
     samples: list[tuple[float, float]] = []
     stop = threading.Event()
     start = time.perf_counter()
@@ -154,14 +191,16 @@ async def soak(client, pid: int, x: np.ndarray, output: str, concurrency: int, s
 
     sampler = threading.Thread(target=sample, daemon=True)
     sampler.start()
-    cell = await load(client, "cnn_batched", x, output, concurrency, seconds, 0.0)
+    calls = [clients.call("http-binary", "cnn_batched", x, output), clients.call("grpc", "cnn_batched", x, output)]
+    cell = await load(calls, output, concurrency, seconds, 0.0)
     stop.set()
     sampler.join()
     samples.append((time.perf_counter() - start, rss_mib(pid)))
     half = [(t, r) for t, r in samples if t >= seconds / 2]
     first, last = half[0], half[-1]
-    print(f"\nsoak: cnn_batched, concurrency {concurrency}, {seconds:.0f} s, {cell['rps']:.0f} req/s, "
-          f"p99 {cell['p99']:.2f} ms, {cell['errors']} errors; RSS sampled once a second ({len(samples)} samples)")
+    print(f"\nsoak: cnn_batched, concurrency {concurrency} (half HTTP binary, half gRPC), {seconds:.0f} s, "
+          f"{cell['rps']:.0f} req/s, p99 {cell['p99']:.2f} ms, {cell['errors']} errors; RSS sampled once a second "
+          f"({len(samples)} samples)")
     print(f"  RSS at start {samples[0][1]:.1f} MiB, peak {max(r for _, r in samples):.1f} MiB")
     print(f"  second half: {first[1]:.1f} MiB at {first[0]:.0f} s -> {last[1]:.1f} MiB at {last[0]:.0f} s, "
           f"change {last[1] - first[1]:+.1f} MiB")
@@ -169,32 +208,35 @@ async def soak(client, pid: int, x: np.ndarray, output: str, concurrency: int, s
         print(f"  first error: {cell['first_error']}")
 
 
-async def drive(url: str, pid: int, names: list[str], inputs: dict, expected: dict, outputs: dict, args) -> dict:
-    from tritonclient.http.aio import InferenceServerClient
-
-    client = InferenceServerClient(url, conn_limit=max(args.concurrency) + 4)
+async def drive(url: str, grpc_url: str, pid: int, names: list[str], inputs: dict, expected: dict, outputs: dict,
+                args) -> dict:
+    clients = Clients(url, grpc_url, max(args.concurrency) + 4)
     try:
-        for name in names:
-            for kind in CONFIGS:
-                diff = await check(client, f"{name}_{kind}", inputs[name], outputs[name], expected[name])
-                if diff > 1e-4:
-                    raise SystemExit(f"{name}_{kind}: the server's output differs from ORT's by {diff:.2e}")
         cells = {}
-        for name in names:
-            for concurrency in args.concurrency:
+        for transport in args.transports:  # HTTP first: the gRPC client starts with the gRPC cells
+            for name in names:
                 for kind in CONFIGS:
-                    cell = await load(client, f"{name}_{kind}", inputs[name], outputs[name], concurrency,
-                                      args.duration, args.warmup)
-                    cells[name, kind, concurrency] = cell
-                    print(f"{name + '_' + kind:<13} {concurrency:>5} {cell['rps']:>9.0f} {cell['p50']:>8.2f} "
-                          f"{cell['p99']:>8.2f} {cell['errors']:>7}", flush=True)
-                    if cell["errors"]:
-                        print(f"  first error: {cell['first_error']}", flush=True)
+                    diff = await check(clients, transport, f"{name}_{kind}", inputs[name], outputs[name],
+                                       expected[name])
+                    if diff > 1e-4:
+                        raise SystemExit(f"{name}_{kind} over {transport}: the server's output differs from "
+                                         f"ORT's by {diff:.2e}")
+            for name in names:
+                for concurrency in args.concurrency:
+                    for kind in CONFIGS:
+                        model = f"{name}_{kind}"
+                        cell = await load([clients.call(transport, model, inputs[name], outputs[name])],
+                                          outputs[name], concurrency, args.duration, args.warmup)
+                        cells[name, kind, transport, concurrency] = cell
+                        print(f"{model:<13} {transport:<12} {concurrency:>5} {cell['rps']:>9.0f} {cell['p50']:>8.2f} "
+                              f"{cell['p99']:>8.2f} {cell['errors']:>7}", flush=True)
+                        if cell["errors"]:
+                            print(f"  first error: {cell['first_error']}", flush=True)
         if args.soak > 0:
-            await soak(client, pid, inputs["cnn"], outputs["cnn"], max(args.concurrency), args.soak)
+            await soak(clients, pid, inputs["cnn"], outputs["cnn"], max(args.concurrency), args.soak)
         return cells
     finally:
-        await client.close()
+        await clients.close()
 
 
 def main() -> None:
@@ -203,6 +245,7 @@ def main() -> None:
     parser.add_argument("--duration", type=float, default=8.0, help="measured seconds per cell")
     parser.add_argument("--warmup", type=float, default=1.0, help="unmeasured seconds before each cell")
     parser.add_argument("--concurrency", nargs="+", type=int, default=[1, 32])
+    parser.add_argument("--transports", nargs="+", default=list(TRANSPORTS), choices=TRANSPORTS)
     parser.add_argument("--threads", type=int, default=1, help="ORT intra-op threads, server and raw alike")
     parser.add_argument("--soak", type=float, default=0.0, help="seconds of cnn_batched under load; 0 skips")
     args = parser.parse_args()
@@ -219,36 +262,41 @@ def main() -> None:
             session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
             outputs[name] = session.get_outputs()[0].name
             expected[name] = session.run(None, {"input": inputs[name]})[0]
-        print(f"loopback HTTP, tritonclient.http.aio, batch-1 requests with binary data; server = xdevice serve "
-              f"in its own process with ORT threads={args.threads}; {args.warmup:g} s warm-up + "
-              f"{args.duration:g} s per cell; batched = dynamic batching, max_batch_size {MAX_BATCH}, "
-              f"max_queue_delay {DELAY_US} us; plain = each request alone")
-        print(f"{'model':<13} {'conc':>5} {'req/s':>9} {'p50 ms':>8} {'p99 ms':>8} {'errors':>7}")
+        print(f"loopback, tritonclient.http.aio (JSON or binary tensors) and tritonclient.grpc.aio, batch-1 "
+              f"requests; server = xdevice serve in its own process with ORT threads={args.threads}; "
+              f"{args.warmup:g} s warm-up + {args.duration:g} s per cell; batched = dynamic batching, "
+              f"max_batch_size {MAX_BATCH}, max_queue_delay {DELAY_US} us; plain = each request alone")
+        print(f"{'model':<13} {'transport':<12} {'conc':>5} {'req/s':>9} {'p50 ms':>8} {'p99 ms':>8} {'errors':>7}")
         for name in args.models:
             raw[name] = raw_baseline(root / f"{name}_plain" / "1" / "model.onnx", inputs[name], args.threads,
                                      args.duration)
             p50, p99, rate = raw[name]
-            print(f"{name + '_raw':<13} {'-':>5} {rate:>9.0f} {p50:>8.3f} {p99:>8.3f} {'-':>7}  "
+            print(f"{name + '_raw':<13} {'-':<12} {'-':>5} {rate:>9.0f} {p50:>8.3f} {p99:>8.3f} {'-':>7}  "
                   f"(onnxruntime session.run, batch 1)", flush=True)
             x32 = np.repeat(inputs[name], 32, axis=0)
             economy[name] = raw_baseline(root / f"{name}_plain" / "1" / "model.onnx", x32, args.threads,
                                          args.duration / 2)[2] * 32 / rate
         with ServerProcess(root, threads=args.threads) as server:
-            cells = asyncio.run(drive(server.url, server.process.pid, args.models, inputs, expected, outputs, args))
+            cells = asyncio.run(drive(server.url, server.grpc_url, server.process.pid, args.models, inputs, expected,
+                                      outputs, args))
 
-    print(f"\nbatching speed-up at concurrency {high} (batched req/s / plain req/s; target >= 2x):")
+    print(f"\nbatching speed-up at concurrency {high} (batched req/s / plain req/s; targets: never below 1x, "
+          f">= 1.4x on the mlp):")
     for name in args.models:
-        batched, plain = cells[name, "batched", high], cells[name, "plain", high]
-        print(f"  {name:<5} {batched['rps'] / plain['rps']:.2f}x  ({batched['rps']:.0f} / {plain['rps']:.0f})")
+        for transport in args.transports:
+            batched, plain = cells[name, "batched", transport, high], cells[name, "plain", transport, high]
+            print(f"  {name:<5} {transport:<12} {batched['rps'] / plain['rps']:.2f}x  "
+                  f"({batched['rps']:.0f} / {plain['rps']:.0f})")
     print("compute saved by batching in ORT itself (rows/s at batch 32 / rows/s at batch 1):")
     for name in args.models:
         print(f"  {name:<5} {economy[name]:.2f}x")
     print(f"server overhead at concurrency {low} (server p50 - raw session.run p50; target < 1 ms):")
     for name in args.models:
         raw_p50 = raw[name][0]
-        plain, batched = cells[name, "plain", low], cells[name, "batched", low]
-        print(f"  {name:<5} plain {plain['p50'] - raw_p50:+.2f} ms  (batched {batched['p50'] - raw_p50:+.2f} ms, "
-              f"which includes the queue delay)")
+        for transport in args.transports:
+            plain, batched = cells[name, "plain", transport, low], cells[name, "batched", transport, low]
+            print(f"  {name:<5} {transport:<12} plain {plain['p50'] - raw_p50:+.2f} ms  "
+                  f"(batched {batched['p50'] - raw_p50:+.2f} ms, which includes the queue delay)")
     total = sum(cell["errors"] for cell in cells.values())
     print(f"total errors: {total} (target 0); median req/s over cells: "
           f"{statistics.median(c['rps'] for c in cells.values()):.0f}")

@@ -15,11 +15,21 @@ from xdevice._discovery import devices, machine_devices
 from xdevice._errors import XDeviceError
 from xdevice._types import format_bytes
 
-__all__ = ["main"]
+__all__ = ["main", "build_parser"]
 
 
 def main(argv: list[str] | None = None) -> int:
     """Run the command line; returns the exit status."""
+    args = build_parser().parse_args(argv)
+    try:
+        return args.run(args)
+    except XDeviceError as error:
+        print(f"xdevice {args.command}: {type(error).__name__}: {error}", file=sys.stderr)
+        return 2
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """Every subcommand and its flags (deployment manifests are checked against it)."""
     parser = argparse.ArgumentParser(prog="xdevice", description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
@@ -103,13 +113,7 @@ def main(argv: list[str] | None = None) -> int:
     starter.add_argument("script", help="the training script")
     starter.add_argument("script_args", nargs=argparse.REMAINDER, help="its arguments")
     starter.set_defaults(run=_launch)
-
-    args = parser.parse_args(argv)
-    try:
-        return args.run(args)
-    except XDeviceError as error:
-        print(f"xdevice {args.command}: {type(error).__name__}: {error}", file=sys.stderr)
-        return 2
+    return parser
 
 
 def _devices(args: argparse.Namespace) -> int:

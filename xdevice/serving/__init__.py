@@ -2,9 +2,12 @@
 
 - ``Session`` (``session.py``): an ONNX Runtime session on an xdevice ``Device`` that reports
   the execution providers really in use, per node where ONNX Runtime can say.
-- ``Repository`` (``repository.py``): Triton's model-repository layout and ``config.pbtxt``.
-- ``Server`` / ``ServerProcess`` / ``serve`` (``server.py``): the Open Inference Protocol (KServe V2) over HTTP with
-  the binary tensor extension, dynamic batching (``batcher.py``) and Prometheus metrics.
+- ``Repository`` (``repository.py``): Triton's model-repository layout; ``config.py`` reads a
+  model's ``config.pbtxt`` against Triton's own ``ModelConfig`` message.
+- ``Server`` / ``ServerProcess`` / ``serve`` (``server.py``): the Open Inference Protocol (KServe V2)
+  over HTTP with the binary tensor extension, and over gRPC (``grpc_service.py``), both over the
+  same models (``models.py``), dynamic batching (``batcher.py``), statistics and Prometheus
+  metrics (``metrics.py``).
 
 Importing this package imports neither ONNX Runtime nor the web stack until used.
 """
@@ -16,7 +19,7 @@ from typing import Any
 __all__ = ["ModelConfig", "Repository", "Server", "ServerProcess", "Session", "TensorSpec", "serve"]
 
 _HOMES = {"Session": "session", "TensorSpec": "session", "Repository": "repository",
-          "ModelConfig": "repository", "Server": "server", "ServerProcess": "server", "serve": "server"}
+          "ModelConfig": "config", "Server": "server", "ServerProcess": "server", "serve": "server"}
 
 
 def __getattr__(name: str) -> Any:
