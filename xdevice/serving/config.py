@@ -116,23 +116,15 @@ def read_config(model_dir: Path | str) -> ModelConfig:
     from tritonclient.grpc import model_config_pb2
 
     model_dir = Path(model_dir)
-    pbtxt, as_json = model_dir / "config.pbtxt", model_dir / "config.json"
-    proto = model_config_pb2.ModelConfig()
-    if pbtxt.is_file():
-        source, text = pbtxt, pbtxt.read_text(encoding="utf-8")
-        try:
-            text_format.Parse(text, proto)
-        except text_format.ParseError as error:
-            raise _parse_error(source, str(error)) from None
-    elif as_json.is_file():
-        source, text = as_json, as_json.read_text(encoding="utf-8")
-        try:
-            json_format.Parse(text, proto)
-        except json_format.ParseError as error:
-            raise _parse_error(source, str(error)) from None
-    else:
-        return ModelConfig(name=model_dir.name)
-    return _read(proto, model_dir, str(source), text)
+    for source, reader in ((model_dir / "config.pbtxt", text_format), (model_dir / "config.json", json_format)):
+        if source.is_file():
+            text, proto = source.read_text(encoding="utf-8"), model_config_pb2.ModelConfig()
+            try:
+                reader.Parse(text, proto)
+            except reader.ParseError as error:
+                raise _parse_error(source, str(error)) from None
+            return _read(proto, model_dir, str(source), text)
+    return ModelConfig(name=model_dir.name)
 
 
 def _parse_error(source: Path, text: str) -> ConfigurationError:
