@@ -17,7 +17,7 @@ FRAMEWORKS_gpu := tensorflow[and-cuda] jax[cuda13]
 
 export TF_CPP_MIN_LOG_LEVEL ?= 2
 
-.PHONY: demo test test-gpu install clean
+.PHONY: demo test test-models test-gpu install clean
 
 demo: $(STAMP)
 	$(BIN)/python examples/device_tour.py
@@ -26,6 +26,11 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest
+
+# The whole real-model suite (tests/realworld: transformers, keras.applications, Flax, equinox);
+# `make test` runs its smoke cases only.
+test-models: $(STAMP)
+	$(BIN)/python -m pytest tests/realworld -m "realworld or not realworld"
 
 # On a GPU machine with this repository installed in its own Python (the lent GPU box has
 # no registry access), run `make test-gpu VENV_PYTHON=python3`.

@@ -10,7 +10,11 @@ from xdevice._errors import ConversionError, message
 from xdevice._types import Applied, Config, How, MemoryStats
 
 __all__ = ["dlpack_data_pointer", "memory_not_applied", "cpu_only_stats", "map_leaves", "ml_dtype", "is_numpy_bfloat16",
-           "flat_outputs", "as_function", "exporter_failed"]
+           "flat_outputs", "output_names", "record_output_names", "OUTPUT_NAMES", "as_function", "exporter_failed",
+           "Inputs", "call_with"]
+
+#: where a backend's export_onnx leaves the source's output names for core to apply
+OUTPUT_NAMES = "xdevice:output_names"
 
 
 class _DLDevice(ctypes.Structure):
@@ -62,6 +66,65 @@ def map_leaves(fn: Any, tree: Any) -> Any:
     return fn(tree)
 
 
+class Inputs(tuple):
+    """Example inputs as a model takes them, flat: a tuple of the arrays (in order), which
+    also knows their ``names`` and how to ``rebuild`` the structure they came in.
+
+    Positional inputs (one array, or a tuple or list of them) are named ``input`` /
+    ``input_<i>``; named inputs (a dict, as Hugging Face models take keyword arguments and
+    Keras and JAX models one dict) are named by their key, nested values by their path
+    (``"image.0"``). Each framework decides what a dict means: PyTorch passes it as keyword
+    arguments, Keras and JAX as one argument.
+
+    >>> inputs = Inputs.of({"ids": 1, "mask": 2})
+    >>> tuple(inputs), inputs.names, inputs.rebuild([3, 4])
+    ((1, 2), ('ids', 'mask'), {'ids': 3, 'mask': 4})
+    """
+
+    names: tuple[str, ...]
+    structure: Any  # the given structure with each leaf replaced by its position
+
+    @classmethod
+    def of(cls, given: Any, convert: Any = None) -> Inputs:
+        """``given`` flattened; ``convert`` (e.g. to numpy) is applied to each leaf."""
+        leaves: list = []
+        names: list[str] = []
+
+        def walk(value: Any, path: str) -> Any:
+            if isinstance(value, dict):
+                return {k: walk(v, f"{path}.{k}" if path else str(k)) for k, v in value.items()}
+            if isinstance(value, (list, tuple)):
+                return type(value)(walk(v, f"{path}.{i}" if path else str(i)) for i, v in enumerate(value))
+            leaves.append(convert(value) if convert else value)
+            names.append(path)
+            return len(leaves) - 1
+
+        if isinstance(given, dict):
+            structure = walk(given, "")
+        else:
+            items = tuple(given) if isinstance(given, (tuple, list)) else (given,)
+            structure = tuple(walk(v, "input" if len(items) == 1 else f"input_{i}") for i, v in enumerate(items))
+        made = cls(leaves)
+        made.names, made.structure = tuple(names), structure
+        return made
+
+    @property
+    def named(self) -> bool:
+        """Whether the inputs came as a dict (keyword or dict inputs)."""
+        return isinstance(self.structure, dict)
+
+    def rebuild(self, leaves: Any) -> Any:
+        """The structure the inputs came in, holding ``leaves`` (same order) instead."""
+        leaves = list(leaves)
+        return map_leaves(lambda position: leaves[position], self.structure)
+
+    def replaced(self, leaves: Any) -> Inputs:
+        """The same names and structure over other arrays (another batch, say)."""
+        made = type(self)(leaves)
+        made.names, made.structure = self.names, self.structure
+        return made
+
+
 def ml_dtype(name: str = "bfloat16") -> Any:
     """numpy's dtype for ``name`` (bfloat16, float8, int4...) from ``ml_dtypes`` (installed with
     JAX and TensorFlow)."""
@@ -93,12 +156,49 @@ def flat_outputs(y: Any) -> list[Any]:
     return [y]
 
 
+def output_names(y: Any) -> list[str]:
+    """A name for each of ``flat_outputs(y)``: ``output`` / ``output_<i>`` for positional
+    outputs, the key path for a dict's (``"logits"``, ``"hidden.0"``)."""
+    named: list[tuple[str, bool]] = []
+
+    def walk(value: Any, path: str, keyed: bool) -> None:
+        if isinstance(value, dict):
+            for key in sorted(value):
+                walk(value[key], f"{path}.{key}" if path else str(key), True)
+        elif isinstance(value, (tuple, list)):
+            for i, item in enumerate(value):
+                walk(item, f"{path}.{i}" if path else str(i), keyed)
+        else:
+            named.append((path, keyed))
+
+    walk(y, "", False)
+    if not any(keyed for _, keyed in named):
+        return ["output" if len(named) == 1 else f"output_{i}" for i in range(len(named))]
+    return [path for path, _ in named]
+
+
+def record_output_names(proto: Any, names: list[str]) -> None:
+    """Leave ``names`` (the source's outputs, flattened) in ``proto`` for export to apply."""
+    import json
+
+    proto.metadata_props.add(key=OUTPUT_NAMES, value=json.dumps(list(names)))
+
+
+def call_with(fn: Any, inputs: Inputs, leaves: Any, *, keywords: bool) -> Any:
+    """``fn`` called on ``leaves`` in the structure ``inputs`` came in: positionally, or for
+    named inputs as keyword arguments (``keywords``, PyTorch's way) or one dict argument."""
+    structure = inputs.rebuild(leaves)
+    if not inputs.named:
+        return fn(*structure)
+    return fn(**structure) if keywords else fn(structure)
+
+
 def as_function(target: Any) -> Any:
     """A functional model as one callable of its inputs: ``(apply_fn, params)`` becomes
     ``lambda *xs: apply_fn(params, *xs)`` (params closed over, so an exporter bakes them in
     as initializers); a plain function is itself."""
-    if isinstance(target, tuple) and len(target) == 2 and callable(target[0]) and not callable(target[1]):
-        apply_fn, params = target
+    if isinstance(target, tuple) and len(target) == 2 and callable(target[0]):
+        apply_fn, params = target  # params may be callable too (an equinox module is a pytree)
         return lambda *xs: apply_fn(params, *xs)
     if callable(target):
         return target

@@ -12,10 +12,16 @@
    same file, at batch 1 and 32; median (min-max) ms over rounds taken in turns, and the
    ratios imported / zoo and imported / ONNX Runtime (targets: 1.2x and, at batch 32, 1.5x).
 
+3. ``--parts realworld``: the real-model suite's cases (``tests/realworld/cases.py``: transformers,
+   keras.applications, Flax, equinox; random weights), each exported from its framework and
+   imported onto every backend: the import's max error relative to the output's scale, and its
+   speed (``imported(x)``, captured) as a ratio to ONNX Runtime on the same file and to the
+   source framework running the model itself, at the case's example batch.
+
 Every framework and ONNX Runtime run on ``--threads`` threads. Run:
 
-    .venv/bin/python benchmarks/convert.py [--parts matrix speed] [--models cnn] [--sources torch]
-                                           [--repeats 20] [--threads 1]
+    .venv/bin/python benchmarks/convert.py [--parts matrix speed realworld] [--models cnn] [--sources torch]
+                                           [--repeats 20] [--threads 1] [--cases hf-bert keras-lstm-gru]
 """
 
 from __future__ import annotations
@@ -138,9 +144,55 @@ def matrix(names: list[str], sources: list[str], repeats: int) -> None:
                   + f" {max(import_seconds):>8.2f} {source_ms / ort_ms:>6.1f}", flush=True)
 
 
+def realworld(names: list[str] | None, repeats: int) -> None:
+    """The real-model suite's cases: import error and speed against ORT and the source (part 3)."""
+    import sys
+    from pathlib import Path
+
+    import onnxruntime
+
+    from xdevice.converters.importer import from_onnx
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from tests.realworld.cases import CASES
+    from tests.realworld.test_realworld import built, feeds, scaled
+
+    print("real models (random weights) exported from their framework and imported onto each backend; "
+          "error relative to the output's scale; ms per call, median of rounds taken in turns")
+    print(f"{'case':<24} {'backend':<11} {'max rel err':>11} {'imported ms':>12} {'ORT ms':>8} {'source ms':>9} "
+          f"{'x ORT':>6} {'x source':>8}")
+    for name in names or list(CASES):
+        try:
+            case, model, inputs, result, expected = built(name)
+        except BaseException as error:  # noqa: BLE001 - pytest.skip outside pytest, or a failed export
+            print(f"{name:<24} skipped: {type(error).__name__}: {str(error).splitlines()[0][:100]}")
+            continue
+        session = onnxruntime.InferenceSession(result.model.SerializeToString(), ort_options(),
+                                               providers=["CPUExecutionProvider"])
+        ort_feed = dict(zip(inputs.names, inputs))
+        source = xdevice.backend(case.framework)
+        for target in ("numpy", "torch", "tensorflow", "jax"):
+            imported = from_onnx(result.model, backend=target)
+            args = [imported.backend.ops.asarray(x) for x in feeds(imported, inputs)]
+            got = imported(*args)
+            got = got if isinstance(got, tuple) else (got,)
+            worst = max(scaled(imported.backend.ops.to_numpy(g), e).max_abs / max(min(1.0, float(np.abs(e).max())), 1e-30)
+                        for g, e in zip(got, expected))
+            sides = {"imported": lambda: [imported.backend.ops.to_numpy(y) for y in
+                                          (lambda r: r if isinstance(r, tuple) else (r,))(imported(*args))],
+                     "ort": lambda: session.run(None, ort_feed),
+                     "source": lambda: source.native_outputs(model, inputs)}
+            times = interleaved(sides, samples=repeats, warmup=2, budget=15)
+            med = {k: statistics.median(v) * 1e3 for k, v in times.items()}
+            print(f"{name:<24} {target:<11} {worst:>11.1e} {med['imported']:>12.2f} {med['ort']:>8.2f} "
+                  f"{med['source']:>9.2f} {med['imported'] / med['ort']:>6.2f} {med['imported'] / med['source']:>8.2f}",
+                  flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--parts", nargs="+", default=["matrix", "speed"], choices=["matrix", "speed"])
+    parser.add_argument("--parts", nargs="+", default=["matrix", "speed"], choices=["matrix", "speed", "realworld"])
+    parser.add_argument("--cases", nargs="+", default=None, help="real-model cases (default: all)")
     parser.add_argument("--models", nargs="+", default=list(models.NAMES))
     parser.add_argument("--sources", nargs="+", default=[b for b in ("torch", "tensorflow", "jax")
                                                          if b in xdevice.backends()])
@@ -152,6 +204,8 @@ def main() -> None:
         matrix(args.models, args.sources, args.repeats)
     if "speed" in args.parts:
         speed(args.models, args.sources, args.repeats)
+    if "realworld" in args.parts:
+        realworld(args.cases, args.repeats)
 
 
 if __name__ == "__main__":

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import os
 import tempfile
 import time
@@ -43,7 +44,7 @@ from xdevice import _registry
 from xdevice._errors import ConversionError, message
 from xdevice._tensors import to_host
 from xdevice._tolerance import Comparison, compare
-from xdevice.backends._common import flat_outputs
+from xdevice.backends._common import OUTPUT_NAMES, Inputs, flat_outputs
 
 __all__ = ["export", "verify", "ExportResult", "Verification", "TensorInfo", "BATCH"]
 
@@ -72,11 +73,19 @@ class Verification:
     output: str
     batch: int
     comparison: Comparison
+    scale: float = 1.0  # the absolute allowance was multiplied by it: max |expected| when below 1
+
+    @property
+    def check(self) -> str:
+        """Which check was used, in words."""
+        c = self.comparison
+        if self.scale == 1.0:
+            return f"|onnx - source| <= {c.atol:g} + {c.rtol:g} * |source|"
+        return (f"|onnx - source| <= {c.atol:.3g} + {c.rtol:g} * |source| (atol scaled to the output's "
+                f"magnitude, {self.scale:.3g})")
 
     def __str__(self) -> str:
-        c = self.comparison
-        return (f"{self.output} at batch {self.batch}: max abs error {c.max_abs:.2g} "
-                f"(allowed {c.atol:g} + {c.rtol:g} * |expected|)")
+        return f"{self.output} at batch {self.batch}: max abs error {self.comparison.max_abs:.2g} ({self.check})"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -157,9 +166,9 @@ def export(model: Any, path: str | os.PathLike | None = None, *, backend: str | 
     start = time.perf_counter()
     proto = exporter.export_onnx(target, inputs, opset, dynamic_batch)
     seconds = time.perf_counter() - start
-    _name_inputs_and_outputs(proto, dynamic_batch)
-    producer = f"{proto.producer_name} {proto.producer_version}".strip()
-    source = lambda *xs: exporter.native_outputs(target, xs)  # noqa: E731
+    _name_inputs_and_outputs(proto, dynamic_batch, inputs.names)
+    producer = _producer(proto)
+    source = lambda *xs: exporter.native_outputs(target, inputs.replaced(xs))  # noqa: E731
     with _staged(proto, path) as location:
         _check(proto, location, producer)
         inputs_info = tuple(_info(v) for v in _graph_inputs(proto))
@@ -208,14 +217,14 @@ def _source(model: Any, backend: str | None, example_inputs: Any, dynamic_batch:
         _registry.backend(name)  # an unknown name fails here, with the choices
         target = models.to_native(model, name)
         if example_inputs is None:
-            inputs = (model.example_input(),)
-            second = (model.example_input(_second_batch(len(inputs[0])), seed=1),)
+            inputs = Inputs.of(model.example_input())
+            second = inputs.replaced([model.example_input(_second_batch(len(inputs[0])), seed=1)])
             return name, target, inputs, second
     else:
         if example_inputs is None:
             raise ConversionError(message(
                 "A native model needs example_inputs to be exported",
-                expected="an array or a tuple of arrays, batch first, that the model accepts",
+                expected="an array, a tuple of arrays, or a dict of them (named inputs), batch first",
                 received=f"{type(model).__qualname__} with example_inputs=None",
                 fix="export(model, example_inputs=np.zeros((2, 784), 'float32')) with your input's shape"))
         name = backend or _framework_of(model)
@@ -237,10 +246,10 @@ def _framework_of(model: Any) -> str:
     return found[0].name
 
 
-def _as_inputs(inputs: Any) -> tuple[Any, ...]:
-    """Example inputs as a tuple of numpy arrays (framework arrays are copied to the host)."""
-    items = tuple(inputs) if isinstance(inputs, (tuple, list)) else (inputs,)
-    return tuple(to_host(x) for x in items)
+def _as_inputs(inputs: Any) -> Inputs:
+    """Example inputs as numpy arrays (framework arrays are copied to the host), flat, with
+    their names and structure (positional, or a dict: named)."""
+    return Inputs.of(inputs, convert=to_host)
 
 
 def _check_example(inputs: tuple[Any, ...], dynamic_batch: bool) -> None:
@@ -256,7 +265,7 @@ def _second_batch(batch: int) -> int:
     return batch + 3  # another size, odd, so a batch pinned to the example's cannot pass
 
 
-def _resampled(inputs: tuple[Any, ...]) -> tuple[Any, ...]:
+def _resampled(inputs: Inputs) -> Inputs:
     """The example's rows, reversed and repeated, as a batch of another size."""
     import numpy as np
 
@@ -264,7 +273,7 @@ def _resampled(inputs: tuple[Any, ...]) -> tuple[Any, ...]:
         return inputs
     batch = inputs[0].shape[0]
     rows = np.arange(_second_batch(batch))[::-1] % max(batch, 1)
-    return tuple(np.take(x, rows, axis=0) for x in inputs)
+    return inputs.replaced(np.take(x, rows, axis=0) for x in inputs)
 
 
 # -- after the exporter -----------------------------------------------------------------------
@@ -274,15 +283,35 @@ def _graph_inputs(proto: Any) -> list[Any]:
     return [v for v in proto.graph.input if v.name not in initializers]
 
 
-def _name_inputs_and_outputs(proto: Any, dynamic_batch: bool) -> None:
-    """``input``/``output`` names, and one ``batch`` symbol on axis 0, whatever the exporter
-    chose (``x``/``Identity:0``/``in_0``; ``s77``, ``unk__25``, ``B``)."""
+def _name_inputs_and_outputs(proto: Any, dynamic_batch: bool, input_names: tuple[str, ...]) -> None:
+    """The example inputs' names (``input``/``input_<i>``, or a dict's keys), the source's
+    output names (``output``/``output_<i>``, or a dict's keys, as the backend recorded them),
+    and one ``batch`` symbol on axis 0, whatever the exporter chose (``x``/``Identity:0``/
+    ``in_0``; ``s77``, ``unk__25``, ``B``). An input the exporter named after an example
+    input keeps that name; the others are matched in order."""
     graph = proto.graph
     inputs, outputs = _graph_inputs(proto), list(graph.output)
-    wanted = {v.name: _label("input", i, len(inputs)) for i, v in enumerate(inputs)}
-    for i, v in enumerate(outputs):
+    if len(inputs) != len(input_names):
+        extra = [v.name for v in inputs if v.name.split(":")[0] not in input_names][len(input_names) - len(inputs):]
+        raise ConversionError(message(
+            f"The exporter turned values of the model into graph inputs: the ONNX model takes {len(inputs)} "
+            f"inputs where the model takes {len(input_names)}",
+            expected=", ".join(input_names), received=[v.name for v in inputs],
+            fix=f"make {extra or 'them'} constants or weights of the model (a tensor the model closes over "
+                "rather than a variable), or export from another framework"))
+    by_name = {v.name.split(":")[0]: v.name for v in inputs}
+    wanted = {by_name[n]: n for n in input_names if n in by_name}
+    unnamed = iter(n for n in input_names if n not in wanted.values())
+    for v in inputs:
+        if v.name not in wanted:
+            wanted[v.name] = next(unnamed)
+    recorded = {p.key: p.value for p in proto.metadata_props}.get(OUTPUT_NAMES)
+    names = json.loads(recorded) if recorded else [_label("output", i, len(outputs)) for i in range(len(outputs))]
+    _drop_metadata(proto, OUTPUT_NAMES)
+    for v, name in zip(outputs, names if len(names) == len(outputs) else
+                       [_label("output", i, len(outputs)) for i in range(len(outputs))]):
         if v.name not in wanted:  # a graph input passed straight through keeps its input name
-            wanted[v.name] = _label("output", i, len(outputs))
+            wanted[v.name] = name
     taken = _all_names(graph) - set(wanted)
     for old in [n for n in taken if n in wanted.values()]:  # an inner value already has the name
         wanted[old] = _fresh(old, taken | set(wanted.values()))
@@ -299,6 +328,12 @@ def _name_inputs_and_outputs(proto: Any, dynamic_batch: bool) -> None:
         for d in v.type.tensor_type.shape.dim:
             if d.dim_param in symbols:
                 d.dim_param = BATCH
+
+
+def _drop_metadata(proto: Any, key: str) -> None:
+    kept = [p for p in proto.metadata_props if p.key != key]
+    del proto.metadata_props[:]
+    proto.metadata_props.extend(kept)
 
 
 def _label(stem: str, index: int, count: int) -> str:
@@ -357,6 +392,13 @@ def _check_batch(inputs: tuple[TensorInfo, ...], dynamic_batch: bool, producer: 
             expected=f"axis 0 of every input named {BATCH!r}", received=[str(t) for t in pinned],
             fix="make the model batch-agnostic (-1 in reshapes, sizes from the input's shape), "
                 "or pass dynamic_batch=False"))
+
+
+def _producer(proto: Any) -> str:
+    """The exporter and its version as the model names them ("pytorch 2.13.0"); tf2onnx appends
+    its git hash, which a release build leaves as the word None ("1.17.0 None")."""
+    version = " ".join(part for part in proto.producer_version.split() if part != "None")
+    return f"{proto.producer_name} {version}".strip()
 
 
 def _opset(proto: Any) -> int:
@@ -432,7 +474,9 @@ def _verify(proto: Any, source: Callable[..., Any], inputs: Sequence[Any], locat
     if len(names) != len(inputs):
         raise ConversionError(message("The ONNX model takes another number of inputs than given",
                                       expected=f"{len(names)} ({', '.join(names)})", received=len(inputs)))
-    actual = session.run(None, dict(zip(names, inputs)))
+    given = getattr(inputs, "names", ())
+    feeds = dict(zip(given, inputs)) if set(given) == set(names) else dict(zip(names, inputs))
+    actual = session.run(None, feeds)
     expected = [np.asarray(y) for y in flat_outputs(source(*inputs))]
     outputs = [o.name for o in session.get_outputs()]
     if len(actual) != len(expected):
@@ -446,15 +490,28 @@ def _verify(proto: Any, source: Callable[..., Any], inputs: Sequence[Any], locat
                 f"ONNX output {name!r} has another shape than the source's at batch {batch}",
                 expected=str(e.shape), received=a.shape,
                 fix="check that the model is batch-agnostic, or pass dynamic_batch=False"))
-        comparison = compare(a, e, e.dtype.name)
+        scale = _scale(e)
+        comparison = compare(a, e, e.dtype.name, scale=scale)
+        check = Verification(name, batch, comparison, scale)
         if not comparison.ok:
             raise ConversionError(message(
                 f"ONNX output {name!r} disagrees with the source at batch {batch}: "
                 f"{comparison.actual!r} at index {comparison.worst_index} where the source gives "
                 f"{comparison.expected!r}",
-                expected=f"|onnx - source| <= {comparison.atol:g} + {comparison.rtol:g} * |source| "
-                         f"({e.dtype.name})",
+                expected=f"{check.check} ({e.dtype.name})",
                 received=f"max abs error {comparison.max_abs:.3g}, max rel {comparison.max_rel:.3g}",
                 fix="export with another opset or from another backend, or report the exporter bug"))
-        checks.append(Verification(name, batch, comparison))
+        checks.append(check)
     return checks
+
+
+def _scale(expected: Any) -> float:
+    """The magnitude an output's absolute allowance is measured against: 1, or ``max |e|``
+    when that is smaller (outputs of ~1e-11 would pass an absolute 1e-5 whatever they were)."""
+    import numpy as np
+
+    if expected.dtype.kind not in "fc" or not expected.size:
+        return 1.0
+    finite = np.abs(expected[np.isfinite(expected)])
+    peak = float(finite.max()) if finite.size else 1.0
+    return min(1.0, max(peak, float(np.finfo(expected.dtype).tiny)))

@@ -46,14 +46,17 @@ class Comparison:
                 f"allowed {self.atol:g} + {self.rtol:g} * |expected|)")
 
 
-def compare(actual: Any, expected: Any, dtype: str = "float32") -> Comparison:
+def compare(actual: Any, expected: Any, dtype: str = "float32", *, scale: float = 1.0) -> Comparison:
     """Compare two numpy-convertible arrays under ``dtype``'s tolerance.
 
     Shapes must match; NaN matches NaN only where both have it; integers and booleans must
-    be equal.
+    be equal. ``scale`` multiplies the absolute allowance: a check of outputs whose magnitude
+    is far below 1 passes ``scale=max|expected|`` so that ``atol`` means the same to them.
 
     >>> compare([1.0, 2.0], [1.0, 2.00001]).ok
     True
+    >>> compare([3e-11], [1e-11], scale=1e-11).ok   # no longer lost under atol=1e-5
+    False
     """
     import numpy as np
 
@@ -63,6 +66,7 @@ def compare(actual: Any, expected: Any, dtype: str = "float32") -> Comparison:
         return Comparison(float("inf"), float("inf"), (), float("nan"), float("nan"), 0, 0, False)
     exact = a.dtype.kind in "biu" or e.dtype.kind in "biu"
     rtol, atol = (0.0, 0.0) if exact else TOLERANCES.get(dtype, TOLERANCES["float32"])
+    atol *= scale
     a64, e64 = a.astype(np.float64), e.astype(np.float64)
     with np.errstate(invalid="ignore", divide="ignore", over="ignore"):  # NaN and inf are handled below
         return _compare(a, a64, e64, rtol, atol)

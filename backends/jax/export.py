@@ -19,7 +19,9 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from xdevice.backends._common import as_function, exporter_failed, flat_outputs
+from xdevice.backends._common import (
+    Inputs, as_function, call_with, exporter_failed, flat_outputs, output_names, record_output_names,
+)
 from xdevice.backends._shapes import as_tuple, pool_padding
 from xdevice.backends.jax.ops import JaxOps, _lowest
 
@@ -63,22 +65,31 @@ class Export:
                     dynamic_batch: bool) -> Any:
         from jax2onnx import to_onnx
 
+        inputs = example_inputs if isinstance(example_inputs, Inputs) else Inputs.of(example_inputs)
         function = as_function(_for_export(target))
         scope = jax.export.SymbolicScope()  # one "batch" symbol for every input
         specs = [jax.ShapeDtypeStruct(
             jax.export.symbolic_shape(", ".join(["batch", *map(str, x.shape[1:])]), scope=scope)
-            if dynamic_batch else x.shape, x.dtype) for x in example_inputs]
-        double = any(np.dtype(x.dtype) == np.float64 for x in example_inputs)
+            if dynamic_batch else x.shape, x.dtype) for x in inputs]
+        double = any(np.dtype(x.dtype) == np.float64 for x in inputs)
+        names: list[str] = []
+
+        def flat(*xs):
+            y = call_with(function, inputs, xs, keywords=False)
+            names[:] = output_names(y)
+            return tuple(flat_outputs(y))
+
         try:
             with warnings.catch_warnings():  # jax2onnx's own deprecation notices
                 warnings.simplefilter("ignore", DeprecationWarning)
                 warnings.simplefilter("ignore", FutureWarning)
-                return to_onnx(lambda *xs: tuple(flat_outputs(function(*xs))), specs, opset=opset,
-                               enable_double_precision=double)
+                model = to_onnx(flat, specs, opset=opset, enable_double_precision=double)
         except Exception as error:  # jax2onnx raises many types; each is reported the same way
             raise exporter_failed("jax2onnx", error,
                                   "a JAX primitive without a jax2onnx lowering: rewrite that "
                                   "part with other jax.numpy / lax ops, or try another opset") from error
+        record_output_names(model, names)
+        return model
 
     def save_converted(self, imported: Any, specs: list[tuple[str, str, tuple]], examples: list[Any],
                        path: os.PathLike, dynamic: bool) -> None:
@@ -98,7 +109,9 @@ class Export:
         Path(path).write_bytes(exported.serialize())
 
     def native_outputs(self, target: Any, inputs: tuple[Any, ...]) -> list[Any]:
-        return [self.ops.to_numpy(y) for y in flat_outputs(as_function(target)(*inputs))]
+        inputs = inputs if isinstance(inputs, Inputs) else Inputs.of(inputs)
+        y = call_with(as_function(target), inputs, list(inputs), keywords=False)
+        return [self.ops.to_numpy(leaf) for leaf in flat_outputs(y)]
 
 
 def _for_export(target: Any) -> Any:

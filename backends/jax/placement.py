@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import sys
 import types
 from typing import Any
 
@@ -22,8 +23,8 @@ class Placement:
             return "array"
         if isinstance(x, jax.Device):
             return "device"
-        if isinstance(x, _FUNCTIONS) or _is_pair(x):
-            return "model"  # JAX is the framework whose models are functions
+        if isinstance(x, _FUNCTIONS) or _is_module(x) or _is_pair(x):
+            return "model"  # JAX is the framework whose models are functions (and modules that are pytrees)
         return None
 
     def device_of(self, x: Any) -> Device:
@@ -60,12 +61,20 @@ class Placement:
 
 #: plain Python functions (and their bound or partial forms) and jitted ones are JAX models
 _FUNCTIONS = (types.FunctionType, types.MethodType, functools.partial, jax.stages.Wrapped)
-_LEAVES = (jax.Array, np.ndarray, np.generic, int, float)
+
+
+def _is_module(x: Any) -> bool:
+    """A Flax NNX module or an equinox module: callable models that hold their own weights."""
+    nnx, eqx = sys.modules.get("flax.nnx"), sys.modules.get("equinox")
+    return (nnx is not None and isinstance(x, nnx.Module)) or (eqx is not None and isinstance(x, eqx.Module))
 
 
 def _is_pair(x: Any) -> bool:
-    """An ``(apply_fn, params)`` pair: a callable and a pytree of JAX or numpy arrays."""
+    """An ``(apply_fn, params)`` pair: a callable and any pytree holding JAX or numpy arrays (a
+    dict, a Flax NNX ``State``, Linen's variables, an equinox module) and no other framework's."""
     if not (isinstance(x, tuple) and len(x) == 2 and callable(x[0])):
         return False
     leaves = jax.tree_util.tree_leaves(x[1])
-    return bool(leaves) and all(isinstance(leaf, _LEAVES) for leaf in leaves)
+    ours = [leaf for leaf in leaves if isinstance(leaf, (jax.Array, np.ndarray, np.generic))]
+    foreign = [leaf for leaf in leaves if type(leaf).__module__.split(".")[0] in ("torch", "tensorflow")]
+    return bool(ours) and not foreign

@@ -14,6 +14,7 @@ tf2onnx writes).
 from __future__ import annotations
 
 import os
+import re
 import sys
 import warnings
 from collections.abc import Callable
@@ -23,7 +24,9 @@ import numpy as np
 import tensorflow as tf
 
 from xdevice._errors import ConversionError, message
-from xdevice.backends._common import exporter_failed, flat_outputs
+from xdevice.backends._common import (
+    Inputs, call_with, exporter_failed, flat_outputs, output_names, record_output_names,
+)
 
 __all__ = ["Export"]
 
@@ -33,11 +36,18 @@ class Export:
                     dynamic_batch: bool) -> Any:
         import tf2onnx
 
-        call = _inference_call(target)
-        signature = [tf.TensorSpec((None if dynamic_batch else x.shape[0], *x.shape[1:]),
-                                   tf.as_dtype(x.dtype), name=f"input_{i}")
-                     for i, x in enumerate(example_inputs)]
-        function = tf.function(lambda *xs: flat_outputs(call(*xs)), input_signature=signature)
+        inputs = example_inputs if isinstance(example_inputs, Inputs) else Inputs.of(example_inputs)
+        call = _inference_call(target, inputs)
+        signature = [tf.TensorSpec((None if dynamic_batch else x.shape[0], *x.shape[1:]), tf.as_dtype(x.dtype),
+                                   name=_spec_name(name)) for name, x in zip(inputs.names, inputs)]
+        names: list[str] = []
+
+        def flat(*xs):
+            y = call(*xs)
+            names[:] = output_names(y)
+            return flat_outputs(y)
+
+        function = tf.function(flat, input_signature=signature)
         try:
             with warnings.catch_warnings():  # tf2onnx's use of deprecated TF and numpy APIs
                 warnings.simplefilter("ignore", DeprecationWarning)
@@ -48,6 +58,8 @@ class Export:
             raise exporter_failed("tf2onnx", error,
                                   "the model must trace under tf.function with a None batch "
                                   "(no Python int of the batch size); or try another opset") from error
+        _fold_captures(model, function.get_concrete_function(), len(signature))
+        record_output_names(model, names)
         return model
 
     def save_converted(self, imported: Any, specs: list[tuple[str, str, tuple]], examples: list[Any],
@@ -67,12 +79,13 @@ class Export:
         tf.saved_model.save(module, str(path), signatures={"serving_default": serve})
 
     def native_outputs(self, target: Any, inputs: tuple[Any, ...]) -> list[Any]:
-        call = _inference_call(target)
+        call = _inference_call(target, inputs if isinstance(inputs, Inputs) else Inputs.of(inputs))
         return [self.ops.to_numpy(y) for y in flat_outputs(call(*(tf.convert_to_tensor(x) for x in inputs)))]
 
 
-def _inference_call(target: Any) -> Callable[..., Any]:
-    """``target`` as a function of input tensors, in inference mode."""
+def _inference_call(target: Any, inputs: Inputs) -> Callable[..., Any]:
+    """``target`` as a function of the flat input tensors, in inference mode: named inputs
+    rebuilt into the dict (nested as given) a Keras model with dict inputs takes."""
     keras = sys.modules.get("keras")
     if keras is not None and isinstance(target, keras.Layer):
         if keras.backend.backend() != "tensorflow":
@@ -80,14 +93,36 @@ def _inference_call(target: Any) -> Callable[..., Any]:
                 "This Keras model runs on another backend than TensorFlow",
                 expected="Keras with KERAS_BACKEND=tensorflow", received=keras.backend.backend(),
                 fix="export it with that framework's exporter, or set KERAS_BACKEND=tensorflow"))
+        if inputs.named:
+            return lambda *xs: target(inputs.rebuild(xs), training=False)
         # a multi-input Keras model takes its inputs as one list
-        return lambda *xs: target(xs[0] if len(xs) == 1 else list(xs), training=False)
+        return lambda *xs: target(inputs.rebuild(xs)[0] if len(xs) == 1 else list(inputs.rebuild(xs)),
+                                  training=False)
     if not callable(target):
         raise ConversionError(message(
             "Cannot export this object from TensorFlow",
             expected="a Keras model, a tf.Module with __call__, a tf.function or a function of tensors",
             received=type(target).__qualname__))
-    return target
+    return lambda *xs: call_with(target, inputs, xs, keywords=False)
+
+
+def _spec_name(name: str) -> str:
+    """A TensorSpec name from an input's name (TF allows letters, digits, ``_ . / -``)."""
+    return re.sub(r"[^A-Za-z0-9_./-]", "_", name) or "input"
+
+
+def _fold_captures(model: Any, concrete: Any, count: int) -> None:
+    """Constants the traced function captured (a Keras Normalization layer's mean and
+    variance, say), which tf2onnx writes as graph inputs, folded back into initializers."""
+    from onnx import numpy_helper
+
+    captured = {placeholder.name: value for placeholder, value in zip(concrete.graph.inputs[count:],
+                                                                       concrete.captured_inputs)
+                if value.dtype != tf.resource}
+    extra = [v for v in model.graph.input if v.name in captured]
+    for value in extra:
+        model.graph.input.remove(value)
+        model.graph.initializer.append(numpy_helper.from_array(np.asarray(captured[value.name]), value.name))
 
 
 def _erfc(ctx: Any, node: Any, name: str, args: Any) -> None:

@@ -17,6 +17,7 @@ import contextlib
 import itertools
 import logging
 import os
+import re
 import warnings
 from collections.abc import Iterator
 from typing import Any
@@ -24,20 +25,25 @@ from typing import Any
 import torch
 
 from xdevice._errors import ConversionError, message
-from xdevice.backends._common import exporter_failed, flat_outputs
+from xdevice.backends._common import Inputs, call_with, exporter_failed, flat_outputs, output_names, record_output_names
 
 __all__ = ["Export"]
 
 
 class _Flat(torch.nn.Module):
-    """``target``'s forward with its outputs flattened to a tuple (the graph's output order)."""
+    """``target``'s forward on flat inputs (rebuilt into the structure the examples came in:
+    a dict as keyword arguments, as Hugging Face models take them), its outputs flattened to
+    a tuple (the graph's output order), their names noted."""
 
-    def __init__(self, target: Any):
+    def __init__(self, target: Any, inputs: Inputs):
         super().__init__()
         self.target = target  # a module registers as a child: its weights become initializers
+        self.inputs, self.names = inputs, []
 
     def forward(self, *xs: Any) -> tuple[Any, ...]:
-        return tuple(flat_outputs(self.target(*xs)))
+        y = call_with(self.target, self.inputs, xs, keywords=True)
+        self.names[:] = output_names(y)  # in place: torch.export restores reassigned attributes
+        return tuple(flat_outputs(y))
 
 
 class _Imported(torch.nn.Module):
@@ -66,7 +72,8 @@ def _batch_dims(specs: list[tuple[str, str, tuple]]) -> dict[str, Any]:
 class Export:
     def export_onnx(self, target: Any, example_inputs: tuple[Any, ...], opset: int,
                     dynamic_batch: bool) -> Any:
-        module = _Flat(target)
+        inputs = example_inputs if isinstance(example_inputs, Inputs) else Inputs.of(example_inputs)
+        module = _Flat(target, inputs)
         args = tuple(torch.as_tensor(x, device=_device_of(target)) for x in example_inputs)
         shapes = None
         if dynamic_batch:
@@ -80,20 +87,21 @@ class Export:
             shapes = (tuple({0: batch} for _ in args),)  # forward(*xs): one entry, for xs
         with _inference(module), _quiet():
             try:
-                program = torch.export.export(module, args, dynamic_shapes=shapes, strict=False)
-            except Exception as error:  # torch raises many types; each is reported the same way
-                raise exporter_failed("torch.export", error,
-                                      "make the forward traceable: no Python branches on tensor "
-                                      "values, and no int() of a batch-sized dimension") from error
-            try:
-                onnx_program = torch.onnx.export(program, args, dynamo=True, opset_version=opset,
-                                                 custom_translation_table=_translations(),
-                                                 verbose=False)
-            except Exception as error:
-                raise exporter_failed("torch.onnx", error,
-                                      "an aten op without an ONNX translation: try another opset, "
-                                      "or export from another backend") from error
-        return onnx_program.model_proto
+                proto = _dynamo(module, args, shapes, opset)
+            except _Failed as first:
+                # the TorchScript exporter traces differently (no decompositions to re-trace): a
+                # model that trips torch.export (a view of a non-contiguous tensor, say) may pass
+                try:
+                    proto = _torchscript(module, args, dynamic_batch, opset)
+                except Exception as second:  # noqa: BLE001 - the first error is the one to act on
+                    raise exporter_failed(first.exporter, first.error, first.fix + _culprit(first.error) +
+                                          f"; the TorchScript exporter failed too ({type(second).__name__}: "
+                                          f"{str(second).splitlines()[0][:300]})") from first.error
+        if not module.names:  # torch.export ran a copy of the module: name the outputs from one plain call
+            with torch.no_grad():
+                module(*args)
+        record_output_names(proto, module.names)
+        return proto
 
     def save_converted(self, imported: Any, specs: list[tuple[str, str, tuple]], examples: list[Any],
                        path: os.PathLike, dynamic: bool) -> None:
@@ -102,11 +110,68 @@ class Export:
         torch.export.save(program, str(path))
 
     def native_outputs(self, target: Any, inputs: tuple[Any, ...]) -> list[Any]:
-        module = _Flat(target)
+        module = _Flat(target, inputs if isinstance(inputs, Inputs) else Inputs.of(inputs))
         device = _device_of(target)
         with _inference(module), torch.no_grad():
             outputs = module(*(torch.as_tensor(x, device=device) for x in inputs))
         return [self.ops.to_numpy(y) for y in outputs]
+
+
+class _Failed(Exception):
+    def __init__(self, exporter: str, error: BaseException, fix: str):
+        super().__init__(str(error))
+        self.exporter, self.error, self.fix = exporter, error, fix
+
+
+def _dynamo(module: torch.nn.Module, args: tuple, shapes: Any, opset: int) -> Any:
+    """``torch.export`` then ``torch.onnx`` (onnxscript): the exporter PyTorch recommends."""
+    try:
+        program = torch.export.export(module, args, dynamic_shapes=shapes, strict=False)
+    except Exception as error:  # torch raises many types; each is reported the same way
+        raise _Failed("torch.export", error, "make the forward traceable: no Python branches on tensor "
+                      "values, and no int() of a batch-sized dimension") from error
+    try:
+        return torch.onnx.export(program, args, dynamo=True, opset_version=opset,
+                                 custom_translation_table=_translations(), verbose=False).model_proto
+    except Exception as error:
+        raise _Failed("torch.onnx", error, "an aten op without an ONNX translation: try another opset, "
+                      "or export from another backend") from error
+
+
+def _torchscript(module: torch.nn.Module, args: tuple, dynamic_batch: bool, opset: int) -> Any:
+    """PyTorch's TorchScript-based exporter (``dynamo=False``), which writes opsets up to 20."""
+    import io
+
+    import onnx
+
+    buffer = io.BytesIO()
+    names = [f"xs_{i}" for i in range(len(args))]
+    axes = {name: {0: "batch"} for name in names} if dynamic_batch else None
+    with warnings.catch_warnings():  # its deprecation notice and tracer warnings
+        warnings.simplefilter("ignore")
+        torch.onnx.export(module, args, buffer, dynamo=False, opset_version=min(opset, 20), input_names=names,
+                          dynamic_axes=axes)
+    return onnx.load_from_string(buffer.getvalue())
+
+
+def _culprit(error: BaseException) -> str:
+    """Where in the model's own code the error arose (the innermost frame outside torch and
+    xdevice), for the fix: "; the failing code: modeling_t5.py:402 in forward"."""
+    import traceback
+
+    frames = []
+    seen: BaseException | None = error
+    while seen is not None:
+        frames += traceback.extract_tb(seen.__traceback__)
+        seen = seen.__cause__ or seen.__context__
+    found = re.findall(r'File "([^"]+)", line (\d+), in (\w+)', str(error))
+    frames += [traceback.FrameSummary(f, int(n), fn) for f, n, fn in found]
+    own = [f for f in frames if not any(part in f.filename for part in ("/torch/", "/xdevice/", "/backends/",
+                                                                        "/converters/", "<"))]
+    if not own:
+        return ""
+    last = own[-1]
+    return f"; the failing code: {os.path.basename(last.filename)}:{last.lineno} in {last.name}"
 
 
 def _device_of(target: Any) -> torch.device:
