@@ -33,7 +33,8 @@ __all__ = ["Export"]
 class _Flat(torch.nn.Module):
     """``target``'s forward on flat inputs (rebuilt into the structure the examples came in:
     a dict as keyword arguments, as Hugging Face models take them), its outputs flattened to
-    a tuple (the graph's output order), their names noted."""
+    a tuple (the graph's output order), their names noted. Outputs that are not tensors (a
+    Hugging Face model's key-value cache object, when ``use_cache`` is on) are left out."""
 
     def __init__(self, target: Any, inputs: Inputs):
         super().__init__()
@@ -42,8 +43,9 @@ class _Flat(torch.nn.Module):
 
     def forward(self, *xs: Any) -> tuple[Any, ...]:
         y = call_with(self.target, self.inputs, xs, keywords=True)
-        self.names[:] = output_names(y)  # in place: torch.export restores reassigned attributes
-        return tuple(flat_outputs(y))
+        kept = [(name, leaf) for name, leaf in zip(output_names(y), flat_outputs(y)) if isinstance(leaf, torch.Tensor)]
+        self.names[:] = [name for name, _ in kept]  # in place: torch.export restores reassigned attributes
+        return tuple(leaf for _, leaf in kept)
 
 
 class _Imported(torch.nn.Module):
@@ -98,7 +100,7 @@ class Export:
                                           f"; the TorchScript exporter failed too ({type(second).__name__}: "
                                           f"{str(second).splitlines()[0][:300]})") from first.error
         if not module.names:  # torch.export ran a copy of the module: name the outputs from one plain call
-            with torch.no_grad():
+            with _inference(module), torch.no_grad():  # in training mode, batch norm would update its statistics
                 module(*args)
         record_output_names(proto, module.names)
         return proto

@@ -137,14 +137,17 @@ def test_a_native_model_without_example_inputs_is_refused_with_the_fix(backend):
 
 
 @pytest.mark.slow
-def test_a_plain_torch_sequential_exports_in_eval_mode_and_keeps_its_mode():
+def test_a_plain_torch_sequential_exports_in_eval_mode_and_keeps_its_mode_and_state():
     torch = pytest.importorskip("torch")
     nn = torch.nn
-    net = nn.Sequential(nn.Linear(6, 8), nn.ReLU(), nn.Dropout(0.5), nn.Linear(8, 3))
+    net = nn.Sequential(nn.Linear(6, 8), nn.BatchNorm1d(8), nn.ReLU(), nn.Dropout(0.5), nn.Linear(8, 3))
+    statistics = [b.clone() for b in net.buffers()]
     x = np.random.default_rng(0).normal(size=(4, 6)).astype(np.float32)
     result = export(net, example_inputs=torch.as_tensor(x))  # dropout would fail verification
     assert result.backend == "torch" and result.inputs[0].shape == ("batch", 6)
     assert sorted(v.batch for v in result.verification) == [4, 7] and net.training
+    # no call in training mode: batch norm's running statistics are as they were
+    assert all(torch.equal(a, b) for a, b in zip(statistics, net.buffers()))
 
 
 @pytest.mark.slow

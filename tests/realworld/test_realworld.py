@@ -143,8 +143,18 @@ def test_input_gradients_through_the_import_match_the_source(name, backend):
     assert check.ok, f"{name} input gradient on {backend.name}: {check.describe()}"
 
 
+#: what does not convert yet, and why (strict: the day it works, the mark must go)
+NOT_YET = {
+    "keras-lstm-gru": "the Loop tf2onnx writes for a Keras RNN does not trace under compilation yet (issue 17)",
+    "hf-t5": "T5's relative positions are a Range over the input's length, which tracing does not yet "
+             "keep static (issue 17)",
+}
+
+
 @pytest.mark.parametrize("framework", ["torch", "tensorflow", "jax"])
-@pytest.mark.parametrize("name", _params(CASES))
+@pytest.mark.parametrize("name", [
+    pytest.param(p.values[0], marks=[*p.marks, pytest.mark.xfail(strict=True, reason=NOT_YET[p.values[0]])]
+                 if p.values[0] in NOT_YET else p.marks, id=p.id) for p in _params(CASES)])
 def test_converts_to_every_saved_format_and_matches(name, framework, tmp_path):
     from xdevice.converters import convert_model, from_onnx
 
