@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 
-import jax
 
 from xdevice._device import Device
 from xdevice._types import Applied, Config, MemoryStats
