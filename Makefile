@@ -50,6 +50,10 @@ ifeq ($(PLATFORM),gpu)
 	$(BIN)/python -m pip uninstall -q -y onnxruntime onnxruntime-gpu
 	$(BIN)/python -m pip install -q -c constraints/gpu.txt --no-deps onnxruntime-gpu
 endif
+	# keras-hub without its tensorflow-text requirement: that pulls the full tensorflow package
+	# over tensorflow-cpu, and only keras-hub's tokenizers use it (the real-model suite builds a
+	# backbone from a config).
+	$(BIN)/python -m pip install -q -c constraints/$(PLATFORM).txt --no-deps keras-hub
 	rm -f $(VENV)/.installed-*
 	touch $@
 

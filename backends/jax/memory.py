@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 
-
 from xdevice._device import Device
 from xdevice._types import Applied, Config, MemoryStats
 from xdevice.backends._common import cpu_only_stats, memory_not_applied

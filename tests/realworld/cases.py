@@ -116,6 +116,17 @@ def keras_dict_inputs():
     return model, {"image": _images(2, 8, channels_last=True), "meta": rng.normal(size=(2, 4)).astype(np.float32)}
 
 
+def keras_hub_bert():
+    import keras_hub
+
+    model = keras_hub.models.BertBackbone(vocabulary_size=100, num_layers=2, num_heads=4, hidden_dim=32,
+                                          intermediate_dim=64, max_sequence_length=64)
+    tokens = _tokens(2, 12, 100)
+    return model, {"token_ids": tokens["input_ids"].astype(np.int32),
+                   "segment_ids": np.zeros((2, 12), np.int32),
+                   "padding_mask": tokens["attention_mask"].astype(np.int32)}
+
+
 # -- JAX ---------------------------------------------------------------------------------------
 
 def nnx_cnn():
@@ -190,6 +201,7 @@ CASES = {case.name: case for case in [
     Case("keras-mobilenetv2", "tensorflow", keras_mobilenet, "keras", "input"),
     Case("keras-efficientnetb0", "tensorflow", keras_efficientnet, "keras", "input"),
     Case("keras-lstm-gru", "tensorflow", keras_recurrent, "keras"),
+    Case("keras-hub-bert", "tensorflow", keras_hub_bert, "keras_hub"),
     Case("keras-dict-inputs", "tensorflow", keras_dict_inputs, "keras", "image"),
     Case("flax-nnx-cnn", "jax", nnx_cnn, "flax", "input"),
     Case("flax-linen-transformer", "jax", linen_transformer, "flax"),

@@ -7,6 +7,7 @@ test-models`` all)."""
 from __future__ import annotations
 
 import importlib.util
+from typing import Any
 
 import numpy as np
 import pytest
@@ -43,12 +44,15 @@ def built(name: str):
     return _built[name]
 
 
-def scaled(actual, expected):
-    """The export's own check: float32 tolerance, the absolute part scaled to the output."""
+def scaled(actual, expected, cap: float | None = 1.0):
+    """The export's own check: float32 tolerance, the absolute part scaled to the output's
+    largest magnitude (capped at ``cap``: outputs; uncapped for gradients, which are sums over
+    the batch and every position and grow with them)."""
     expected = np.asarray(expected)
     scale = 1.0
     if expected.dtype.kind == "f" and expected.size:
-        scale = min(1.0, max(float(np.abs(expected).max()), 1e-30))
+        scale = max(float(np.abs(expected).max()), 1e-30)
+        scale = scale if cap is None else min(cap, scale)
     return compare(actual, expected, "float32", scale=scale)
 
 
@@ -77,70 +81,178 @@ def test_the_import_on_every_backend_matches_the_source(name, backend):
         assert check.ok, f"{name} output {output} on {backend.name}: {check.describe()}"
 
 
-def source_input_gradient(case, model, inputs: Inputs, weights: list):
-    """d sum_i <output_i, weights_i> / d input, by the source framework's own autodiff."""
-    position = inputs.names.index(case.grad_input)
+def source_gradients(case, model, inputs: Inputs, weights: list) -> tuple[Any, dict, dict]:
+    """``(d loss / d input, params, d loss / d params)`` by the source framework's own autodiff,
+    where ``loss = sum_i <output_i, weights_i>``; the input gradient is None without
+    ``case.grad_input``; params and their gradients are numpy, keyed by the source's names."""
+    position = inputs.names.index(case.grad_input) if case.grad_input else None
     leaves = list(inputs)
     if case.framework == "torch":
         import torch
 
         tensors = [torch.as_tensor(x) for x in leaves]
-        tensors[position].requires_grad_(True)
+        if position is not None:
+            tensors[position].requires_grad_(True)
+        model.zero_grad()
         outputs = flat_outputs(call_with(model, inputs, tensors, keywords=True))
-        sum(float_outputs(o, w, lambda a, b: (a * torch.as_tensor(b)).sum()) for o, w in zip(outputs, weights)).backward()
-        return tensors[position].grad.numpy()
+        loss(outputs, weights, lambda a, b: (a * torch.as_tensor(b)).sum()).backward()
+        named = [(k, w) for k, w in model.named_parameters() if w.grad is not None]
+        return (None if position is None else tensors[position].grad.numpy(),
+                {k: w.detach().numpy() for k, w in named}, {k: w.grad.numpy() for k, w in named})
     if case.framework == "tensorflow":
         import tensorflow as tf
 
         tensors = [tf.convert_to_tensor(x) for x in leaves]
+        variables = model.trainable_variables
         with tf.GradientTape() as tape:
-            tape.watch(tensors[position])
+            if position is not None:
+                tape.watch(tensors[position])
             structure = inputs.rebuild(tensors)
             y = model(structure if inputs.named else structure[0], training=False)
-            loss = sum(float_outputs(o, w, lambda a, b: tf.reduce_sum(a * b)) for o, w in zip(flat_outputs(y), weights))
-        return tape.gradient(loss, tensors[position]).numpy()
+            value = loss(flat_outputs(y), weights, lambda a, b: tf.reduce_sum(a * b))
+        grads = tape.gradient(value, ([tensors[position]] if position is not None else []) + list(variables))
+        names = [f"{i}:{v.path}" for i, v in enumerate(variables)]
+        found = {k: (v.numpy(), g) for k, v, g in zip(names, variables, grads[len(grads) - len(variables):])
+                 if g is not None}
+        return (None if position is None else grads[0].numpy(), {k: v for k, (v, _) in found.items()},
+                {k: tf.convert_to_tensor(g).numpy() for k, (_, g) in found.items()})  # embeddings: IndexedSlices
     import jax
 
-    from xdevice.backends._common import as_function
+    apply, params = functional(model)
+    flat, tree = jax.tree_util.tree_flatten(params)
+    trained = [i for i, leaf in enumerate(flat) if np.issubdtype(np.asarray(leaf).dtype, np.floating)]
 
-    function = as_function(model)
+    def objective(train, x):
+        full = list(flat)
+        for i, leaf in zip(trained, train):
+            full[i] = leaf
+        arrays = leaves if position is None else [*leaves[:position], x, *leaves[position + 1:]]
+        outputs = flat_outputs(call_with(lambda *xs: apply(jax.tree_util.tree_unflatten(tree, full), *xs),
+                                         inputs, arrays, keywords=False))
+        return loss(outputs, weights, lambda a, b: (a * b).sum())
 
-    def loss(x):
-        arrays = [*leaves[:position], x, *leaves[position + 1:]]
-        outputs = flat_outputs(call_with(function, inputs, arrays, keywords=False))
-        return sum(float_outputs(o, w, lambda a, b: (a * b).sum()) for o, w in zip(outputs, weights))
-
-    return np.asarray(jax.grad(loss)(leaves[position]))
+    x = leaves[position] if position is not None else np.zeros(())
+    grad_train, grad_x = jax.grad(objective, argnums=(0, 1))([flat[i] for i in trained], x)
+    return (None if position is None else np.asarray(grad_x), {str(i): np.asarray(flat[i]) for i in trained},
+            {str(i): np.asarray(g) for i, g in zip(trained, grad_train)})
 
 
-def float_outputs(output, weight, product):
-    return product(output, weight) if weight is not None else 0.0
+def functional(model):
+    """A JAX model as ``(apply, params)``: an NNX module split into its graph and state."""
+    if isinstance(model, tuple):
+        return model
+    from flax import nnx
+
+    graph, state = nnx.split(model)
+    return (lambda s, *xs: nnx.merge(graph, s)(*xs)), state
 
 
-@pytest.mark.parametrize("name", _params([n for n, c in CASES.items() if c.grad_input]))
-def test_input_gradients_through_the_import_match_the_source(name, backend):
+def loss(outputs, weights, product):
+    return sum(product(o, w) for o, w in zip(outputs, weights) if w is not None)
+
+
+def shared(source: dict, imported: dict) -> list[tuple[str, str, tuple[int, ...]]]:
+    """The source parameters that the ONNX graph holds unchanged, up to a transpose (ONNX's
+    OIHW against Keras' HWIO, a Linear's weight stored transposed): ``(source name, initializer
+    name, perm)`` with ``initializer == source.transpose(perm)``. Only one-to-one matches count:
+    a value that several parameters share (a LayerNorm's initial ones) says nothing of which
+    is which."""
+    import itertools
+
+    matches = {}
+    for name, value in source.items():
+        matches[name] = [(onnx_name, perm) for onnx_name, candidate in imported.items()
+                         if candidate.size == value.size and candidate.size > 1
+                         for perm in itertools.permutations(range(value.ndim))
+                         if value.transpose(perm).shape == candidate.shape
+                         and np.array_equal(value.transpose(perm), candidate)]
+    sources_of: dict[str, int] = {}
+    for found in matches.values():
+        for onnx_name in {onnx_name for onnx_name, _ in found}:
+            sources_of[onnx_name] = sources_of.get(onnx_name, 0) + 1
+    return [(name, found[0][0], found[0][1]) for name, found in matches.items()
+            if len(found) == 1 and sources_of[found[0][0]] == 1]
+
+
+def output_weights(expected) -> list:
+    """The loss is ``sum_i <output_i, weights_i>`` over the float outputs: every element counts."""
+    return [np.random.default_rng(1).normal(size=e.shape).astype(e.dtype) if e.dtype.kind == "f" else None
+            for e in expected]
+
+
+def import_gradients(backend, case, result, inputs: Inputs, weights: list, source_params: dict,
+                     float64: bool = False):
+    """``(pairs, gradients)`` through the import on ``backend``: for the input (key "input")
+    and for the initializers that are parameters of the source (``shared``), as numpy; with
+    ``float64``, the weights and float inputs are widened first (the numpy backend then
+    computes in float64)."""
     from xdevice.converters import from_onnx
 
-    case, model, inputs, result, expected = built(name)
-    weights = [np.random.default_rng(1).normal(size=e.shape).astype(e.dtype) if e.dtype.kind == "f" else None
-               for e in expected]
-    want = source_input_gradient(case, model, inputs, weights)
     imported = from_onnx(result.model, backend=backend.name)
-    ops, position = backend.ops, imported.input_names.index(case.grad_input)
-    constant = [ops.asarray(x) for x in feeds(imported, inputs)]
+    ops = backend.ops
+    pairs = shared(source_params, {k: ops.to_numpy(v) for k, v in imported.params.items()})
+    widen = (lambda x: x.astype(np.float64) if x.dtype == np.float32 else x) if float64 else (lambda x: x)
+    if float64:
+        imported.params = {k: widen(np.asarray(v)) for k, v in imported.params.items()}
+    arrays = [ops.asarray(widen(np.asarray(x))) for x in feeds(imported, inputs)]
+    position = imported.input_names.index(case.grad_input) if case.grad_input else None
 
-    def loss(p):
-        arrays = [*constant[:position], p["x"], *constant[position + 1:]]
-        outputs = imported.apply(imported.params, *arrays)
+    def objective(p):
+        params = {**imported.params, **{k: v for k, v in p.items() if k != "input"}}
+        xs = arrays if position is None else [*arrays[:position], p["input"], *arrays[position + 1:]]
         total = ops.asarray(0.0)
-        for out, w in zip(outputs, weights):
+        for out, w in zip(imported.apply(params, *xs), weights):
             if w is not None:
                 total = ops.add(total, ops.sum(ops.multiply(out, ops.asarray(w))))
         return total
 
-    _, grads = backend.value_and_grad(loss, {"x": constant[position]})
-    check = scaled(ops.to_numpy(grads["x"]), want)
-    assert check.ok, f"{name} input gradient on {backend.name}: {check.describe()}"
+    trained = {onnx_name: imported.params[onnx_name] for _, onnx_name, _ in pairs}
+    if position is not None:
+        trained["input"] = arrays[position]
+    _, grads = backend.value_and_grad(objective, trained)
+    return pairs, {k: ops.to_numpy(g) for k, g in grads.items()}
+
+
+@pytest.mark.parametrize("name", _params(CASES))
+def test_gradients_through_the_import_match_the_source(name, backend):
+    """The gradient for the input and for every parameter the graph shares with the source,
+    by each backend's autodiff through the import, against the source framework's own."""
+    case, model, inputs, result, expected = built(name)
+    weights = output_weights(expected)
+    want_input, source_params, want = source_gradients(case, model, inputs, weights)
+    pairs, grads = import_gradients(backend, case, result, inputs, weights, source_params)
+    assert pairs, f"{name}: no parameter of the source is an initializer of the ONNX graph"
+    if case.grad_input:
+        check = scaled(grads["input"], want_input, cap=None)
+        assert check.ok, f"{name} input gradient on {backend.name}: {check.describe()}"
+    for source_name, onnx_name, perm in pairs:
+        check = scaled(grads[onnx_name], want[source_name].transpose(perm), cap=None)
+        assert check.ok, f"{name} gradient of {source_name} ({onnx_name}) on {backend.name}: {check.describe()}"
+
+
+@pytest.mark.realworld
+@pytest.mark.parametrize("name", ["keras-mobilenetv2", "hf-vit"])
+def test_gradient_differences_from_the_source_are_float32_rounding(name):
+    """MobileNetV2's input gradient through an import differed from Keras' by 1e-4 relative,
+    element by element, while the outputs agreed to 6e-7. Against the float64 evaluation of
+    the same graph (the numpy backend), Keras' own float32 gradient and every backend's are
+    each within float32 rounding of the gradient's scale: the element-wise gap is two
+    roundings of near-zero elements, not an error (measured: all <= 1.2e-6 of the scale)."""
+    case, model, inputs, result, expected = built(name)
+    weights = output_weights(expected)
+    want_input, source_params, want = source_gradients(case, model, inputs, weights)
+    pairs, reference = import_gradients(xdevice.backend("numpy"), case, result, inputs, weights, source_params,
+                                        float64=True)
+    assert all(g.dtype == np.float64 for g in reference.values()), "the reference must be float64"
+    source = {"input": want_input, **{onnx_name: want[s].transpose(perm) for s, onnx_name, perm in pairs}}
+    gradients = {"source": source}
+    for framework in ("torch", "jax", "tensorflow"):
+        gradients[framework] = import_gradients(xdevice.backend(framework), case, result, inputs, weights,
+                                                source_params)[1]
+    for who, found in gradients.items():
+        for key, exact in reference.items():
+            error = float(np.abs(np.asarray(found[key], np.float64) - exact).max() / np.abs(exact).max())
+            assert error <= 4e-6, f"{name}: {who}'s gradient for {key} is {error:.2e} of its scale from float64"
 
 
 #: what does not convert yet, and why (strict: the day it works, the mark must go)
@@ -160,7 +272,8 @@ def test_converts_to_every_saved_format_and_matches(name, framework, tmp_path):
 
     pytest.importorskip(framework)
     _, _, inputs, result, expected = built(name)
-    converted = convert_model(result.model, to=framework, output=tmp_path / f"model{xdevice.backend(framework).saved_format}")
+    suffix = xdevice.backend(framework).saved_format
+    converted = convert_model(result.model, to=framework, output=tmp_path / f"model{suffix}")
     arrays = feeds(from_onnx(result.model, backend="numpy"), inputs)
     got = load_and_run(framework, converted.path, arrays)
     for output, actual, want in zip(range(len(expected)), got, expected):
