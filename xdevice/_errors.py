@@ -17,6 +17,7 @@ __all__ = [
     "ConfigurationError",
     "BackendUnavailable",
     "ConversionError",
+    "InputError",
     "ParityError",
     "UnsupportedOp",
     "InferenceError",
@@ -43,6 +44,10 @@ class BackendUnavailable(XDeviceError, ImportError):
 
 class ConversionError(XDeviceError):
     """A conversion that failed or whose result disagrees with its source."""
+
+
+class InputError(ConversionError, ValueError):
+    """An input that does not match what an imported model declares (dtype, rank, dims)."""
 
 
 class ParityError(XDeviceError, AssertionError):

@@ -10,8 +10,9 @@ import numpy as np
 from xdevice import _registry
 from xdevice._device import Device
 from xdevice._discovery import find
-from xdevice._errors import ConversionError, UnsupportedOp, XDeviceError, message
+from xdevice._errors import ConversionError, InputError, UnsupportedOp, XDeviceError, message
 from xdevice.converters.importer.fusion import fuse
+from xdevice.converters.importer.inputs import check_inputs, declared_inputs
 from xdevice.converters.importer.interpreter import Context, Graph, Plan, is_static, run_graph, unsupported
 from xdevice.converters.load import load_model
 
@@ -41,7 +42,14 @@ class ImportedModel:
     """An ONNX graph as a function of one backend.
 
     Attributes:
-        params: the float initializers, as the backend's arrays on ``device`` (trainable).
+        params: the weights: float initializers, as the backend's arrays on ``device``
+            (trainable), except those in ``constants``.
+        constants: float initializers that are not weights (numpy, fixed when traced): read
+            where a value must be known when the graph is built (shapes, scales), as a
+            ``Pow`` exponent, or scalars (epsilons, GELU's coefficients, a mask's fill value).
+        shared: ``{name: readers}`` for the weights more than one node reads: tied on purpose
+            (an LM head reading the embedding), or merged by the exporter because their values
+            were equal (fresh LayerNorm weights are all ones); training updates each as one.
         input_names, output_names: the graph's inputs (initializers excluded) and outputs.
         opset: the default-domain opset the model was written for.
         fused: how many op chains were fused into one op-set call when loading (``fusion``).
@@ -57,12 +65,17 @@ class ImportedModel:
             raise UnsupportedOp(message(
                 f"{len(missing)} ONNX op(s) in this model have no handler", received="; ".join(missing),
                 fix="these ops cannot be imported yet; `xdevice conformance` shows what is covered"))
+        constants, readers = _constants(self.graph)
         self.fused = fuse(self.graph)
         self.backend = _registry.backend(backend)
         self.device = find(device, backend=backend)
-        self.params = {name: self._place(value) for name, value in self.graph.initializers.items()
-                       if value.dtype.name in _FLOATS}
+        floats = {name: value for name, value in self.graph.initializers.items() if value.dtype.name in _FLOATS}
+        self.params = {name: self._place(value) for name, value in floats.items() if name not in constants}
+        self.constants = {name: floats[name] for name in floats if name in constants}
+        self.shared = {name: readers[name] for name in self.params if readers.get(name, 0) > 1}
         self.input_names = list(self.graph.inputs)
+        self.declared = declared_inputs(proto.graph, self.graph.initializers)  # checked once per signature
+        self._checked: set[tuple] = set()
         self.output_names = list(self.graph.outputs)
         self._plans: dict[tuple, Plan] = {}
         # the framework's default device is set around each call only off cpu:0, where new
@@ -84,7 +97,8 @@ class ImportedModel:
         key = _signature(self.backend.ops, feeds)
         plan = self._plans.get(key) if key is not None else None
         fresh = plan is None and key is not None
-        if fresh:
+        if fresh:  # a new signature: its shapes are checked once (dtypes: apply computes in any precision)
+            check_inputs(self.declared, feeds, self.backend.ops.shape, None)
             plan = Plan()
         values = {**params, **dict(zip(self.input_names, feeds))}
         with self._scope():
@@ -103,6 +117,7 @@ class ImportedModel:
         ``torch.fx`` graph), traced once per input signature; a graph that needs data while it
         is built (a data-dependent shape) or takes sequences runs through the interpreter.
         """
+        self._check(inputs)
         outputs = None
         if self._captures and all(_is_tensor(x) for x in inputs):
             try:
@@ -147,6 +162,22 @@ class ImportedModel:
                 self._programs[key] = program
         return program, placed
 
+    def _check(self, inputs: tuple) -> None:
+        """Count, dtypes and shapes of a call's inputs against the graph's declarations, once
+        per signature (:class:`InputError` naming the input)."""
+        if len(inputs) != len(self.input_names):
+            raise InputError(message(
+                "Wrong number of inputs", expected=f"{len(self.input_names)}: {', '.join(self.input_names)}",
+                received=len(inputs)))
+        key = tuple((getattr(x, "shape", None), str(getattr(x, "dtype", type(x)))) for x in inputs)
+        if key in self._checked:
+            return
+        ops = self.backend.ops
+        check_inputs(self.declared, inputs, lambda x: tuple(x.shape), lambda x: _dtype_name(ops, x))
+        if len(self._checked) >= _PLANS:
+            self._checked.clear()
+        self._checked.add(key)
+
     def _place(self, value: np.ndarray) -> Any:
         return self.backend.to_device(self.backend.ops.asarray(value), self.device)
 
@@ -158,8 +189,9 @@ class ImportedModel:
         return self.backend.ops.asarray(x) if isinstance(x, (np.ndarray, np.generic, int, float)) else x
 
     def __repr__(self) -> str:
+        shared = f", {len(self.shared)} read by several nodes" if self.shared else ""
         return (f"<ImportedModel opset {self.opset} on {self.backend.name} {self.device}: "
-                f"inputs {self.input_names} -> outputs {self.output_names}>")
+                f"inputs {self.input_names} -> outputs {self.output_names}; {len(self.params)} weights{shared}>")
 
 
 _PLANS = 64
@@ -181,6 +213,26 @@ def _signature(ops: Any, feeds: list[Any]) -> tuple | None:
             return None
         key.append((shape, str(x.dtype)))
     return tuple(key)
+
+
+def _constants(graph: Graph) -> tuple[set[str], dict[str, int]]:
+    """The float initializers that are not weights (see ``ImportedModel.constants``), and how
+    many nodes read each initializer (subgraphs included)."""
+    floats = {name for name, value in graph.initializers.items() if value.dtype.name in _FLOATS}
+    constants = {name for name in floats if graph.initializers[name].ndim == 0}
+    readers: dict[str, int] = {}
+    for node, _ in graph.walk():
+        static = node.handler.static if node.handler is not None else ()
+        for position, name in enumerate(node.inputs):
+            readers[name] = readers.get(name, 0) + 1
+            if name in floats and (position in static or (node.op == "Pow" and position == 1)):
+                constants.add(name)
+    return constants, readers
+
+
+def _dtype_name(ops: Any, x: Any) -> str:
+    """``x``'s dtype as numpy names it, for numpy arrays and the backend's own."""
+    return x.dtype.name if isinstance(x, (np.ndarray, np.generic)) else ops.dtype(x)
 
 
 def _is_tensor(x: Any) -> bool:

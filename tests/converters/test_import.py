@@ -112,6 +112,129 @@ def test_wrong_number_of_inputs_names_them():
         from_onnx(_dense_model())(np.ones((1, 4), np.float32), np.ones(1))
 
 
+def _two_inputs_model():
+    """y = a[batch, seq, 4] + b[batch, seq, 4], c: int64[batch] unused by the math."""
+    a = helper.make_tensor_value_info("a", TensorProto.FLOAT, ["batch", "seq", 4])
+    b = helper.make_tensor_value_info("b", TensorProto.FLOAT, ["batch", "seq", 4])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", "seq", 4])
+    return _model([helper.make_node("Add", ["a", "b"], ["y"])], [a, b], [y])
+
+
+@pytest.mark.parametrize("a_shape, b_shape, dtype, says", [
+    ((2, 3, 4), (2, 3, 4), np.float64, r"Input 'a' has dtype float64, but the model declares float32.*astype"),
+    ((3, 4), (2, 3, 4), np.float32, r"Input 'a' has 2 dimension\(s\), but the model declares 3.*\[batch, seq, 4\]"),
+    ((2, 3, 5), (2, 3, 5), np.float32, r"Input 'a' has size 5 in dimension 2, which the model fixes at 4"),
+    # b's seq of 1 would broadcast silently: the graph's names say it must equal a's
+    ((2, 3, 4), (2, 1, 4), np.float32, r"Input 'b' has size 1 in dimension 1 \('seq'\), but input 'a' gave 'seq'"),
+])
+def test_inputs_are_checked_against_the_graph_before_any_op_runs(backend, a_shape, b_shape, dtype, says):
+    model = from_onnx(_two_inputs_model(), backend=backend.name)
+    a, b = np.ones(a_shape, dtype), np.ones(b_shape, np.float32)
+    with pytest.raises(xdevice.InputError, match=says):
+        model(a, b)
+    native = backend.ops.asarray(a), backend.ops.asarray(b)
+    if backend.ops.dtype(native[0]) == a.dtype.name:  # JAX without x64 holds float64 as float32
+        with pytest.raises(xdevice.InputError, match=says.split(" has ")[0]):  # the backend's own arrays too
+            model(*native)
+    good = model(np.ones((2, 3, 4), np.float32), np.ones((2, 3, 4), np.float32))
+    np.testing.assert_array_equal(backend.ops.to_numpy(good), np.full((2, 3, 4), 2.0, np.float32))
+
+
+def test_apply_checks_shapes_but_computes_in_the_precision_it_is_given():
+    """``apply`` is the pure function people differentiate: float64 inputs give a float64
+    result (a reference run), while shapes are still checked."""
+    model = from_onnx(_two_inputs_model(), backend="numpy")
+    (y,) = model.apply(model.params, np.ones((1, 2, 4)), np.ones((1, 2, 4)))
+    assert y.dtype == np.float64
+    with pytest.raises(xdevice.InputError, match="Input 'b' has size 3 in dimension 0"):
+        model.apply(model.params, np.ones((1, 2, 4)), np.ones((3, 2, 4)))
+
+
+@pytest.mark.parametrize("opset", [1, 6])
+def test_old_opsets_with_legacy_broadcast_run_on_every_backend(backend, opset):
+    """Opsets 1-6 broadcast only with ``broadcast=1``, lining the second input up with the
+    first from ``axis`` on; their PRelu applies one slope per channel (axis 1)."""
+    rng = np.random.default_rng(0)
+    x = rng.uniform(0.5, 2.0, size=(2, 3, 4, 5)).astype(np.float32)
+    column = rng.normal(size=(3, 4)).astype(np.float32)
+    row = rng.normal(size=(5,)).astype(np.float32)
+    slope = rng.normal(size=(3,)).astype(np.float32)
+    exponent = np.array([2.0], np.float32)
+    nodes = [
+        helper.make_node("Add", ["x", "column"], ["a"], broadcast=1, axis=1),  # column over dims 1-2
+        helper.make_node("Mul", ["a", "row"], ["m"], broadcast=1),  # row over the last dim
+        helper.make_node("Sub", ["m", "x"], ["s"]),  # same shapes: no broadcast needed
+        helper.make_node("Div", ["s", "x"], ["d"]),
+        helper.make_node("Pow", ["x", "exponent"], ["p"], broadcast=1),
+        helper.make_node("Sum", ["d", "p"], ["t"]),
+        helper.make_node("Max", ["t", "x"], ["u"]),
+        helper.make_node("PRelu", ["u", "slope"], ["y"]),
+    ]
+    inits = [numpy_helper.from_array(v, n) for n, v in
+             [("column", column), ("row", row), ("slope", slope), ("exponent", exponent)]]
+    info = helper.make_tensor_value_info
+    declared = [info("x", TensorProto.FLOAT, [2, 3, 4, 5])]  # before IR 4, initializers are inputs too
+    declared += [info(t.name, TensorProto.FLOAT, list(t.dims)) for t in inits]
+    model = _model(nodes, declared, [info("y", TensorProto.FLOAT, [2, 3, 4, 5])], inits, opset=opset, ir=3)
+    a = (x + column[:, :, None]) * row
+    t = (a - x) / x + x ** 2.0
+    u = np.maximum(t, x)
+    want = np.where(u < 0, u * slope[:, None, None], u)
+    got = backend.ops.to_numpy(from_onnx(model, backend=backend.name)(x))
+    assert compare(got, want, "float32").ok
+
+
+def _gelu_mlp_model():
+    """x[batch, 6] -> Linear -> tanh-GELU written out as exporters write it (a Pow with the
+    exponent 3 as an initializer, scalar coefficients) -> Linear -> logits[batch, 2]."""
+    rng = np.random.default_rng(0)
+    weights = {"w1": rng.normal(size=(6, 16)) * 0.5, "b1": np.zeros(16), "w2": rng.normal(size=(16, 2)) * 0.5,
+               "b2": np.zeros(2)}
+    constants = {"three": np.array(3.0), "c": np.array(0.044715), "k": np.array(0.7978846), "one": np.array(1.0),
+                 "half": np.array(0.5)}
+    inits = [numpy_helper.from_array(np.asarray(v, np.float32), n) for n, v in {**weights, **constants}.items()]
+    node = helper.make_node
+    nodes = [node("MatMul", ["x", "w1"], ["m"]), node("Add", ["m", "b1"], ["h"]),
+             node("Pow", ["h", "three"], ["h3"]), node("Mul", ["h3", "c"], ["ch3"]), node("Add", ["h", "ch3"], ["s"]),
+             node("Mul", ["s", "k"], ["ks"]), node("Tanh", ["ks"], ["t"]), node("Add", ["t", "one"], ["t1"]),
+             node("Mul", ["h", "t1"], ["ht"]), node("Mul", ["ht", "half"], ["g"]),
+             node("MatMul", ["g", "w2"], ["m2"]), node("Add", ["m2", "b2"], ["y"])]
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 6])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 2])
+    return _model(nodes, [x], [y], inits)
+
+
+def test_only_weights_are_parameters_and_an_imported_model_trains_on_every_backend(backend):
+    """The exponent and the scalar coefficients are constants: trained, the Pow's exponent
+    would get a NaN gradient for every negative input (ln of a negative base)."""
+    from xdevice import fit
+
+    model = from_onnx(_gelu_mlp_model(), backend=backend.name)
+    assert sorted(model.params) == ["b1", "b2", "w1", "w2"]
+    assert sorted(model.constants) == ["c", "half", "k", "one", "three"] and model.shared == {}
+    rng = np.random.default_rng(1)
+    x = rng.normal(size=(256, 6)).astype(np.float32)
+    y = (x[:, 0] - x[:, 1] > 0).astype(np.int64)
+    history = fit(model, (x, y), optimizer="adam", lr=0.03, epochs=4, batch_size=32, verbose=0)
+    losses = history["loss"]
+    assert np.isfinite(losses).all() and losses[-1] < 0.6 * losses[0], losses
+    assert history.model is model
+    trained = backend.ops.to_numpy(model(x))  # the trained weights are the model's own now
+    assert ((trained[:, 1] > trained[:, 0]) == y).mean() > 0.9
+
+
+def test_weights_that_several_nodes_read_are_reported():
+    """An exporter merges equal initializers (every fresh LayerNorm's ones): one weight,
+    several readers, trained as one."""
+    ones = numpy_helper.from_array(np.ones(4, np.float32), "ones")
+    node = helper.make_node
+    nodes = [node("Mul", ["x", "ones"], ["a"]), node("Mul", ["a", "ones"], ["y"])]
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 4])
+    model = from_onnx(_model(nodes, [x], [y], [ones]))
+    assert model.shared == {"ones": 2} and "1 read by several nodes" in repr(model)
+
+
 # -- safe loading -------------------------------------------------------------------------------
 
 def _with_external(tmp_path, location: str):

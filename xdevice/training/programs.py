@@ -5,6 +5,7 @@ a pure ``forward(params, buffers, x, train) -> (outputs, buffers)``, and ``write
 trained values into the user's own object. Here, in core:
 
 - a zoo :class:`~xdevice.models.Model` (any backend), trained in place;
+- an imported ONNX model (``from_onnx``), its weights trained in place;
 - :func:`staged`: a sequential model split layer-wise over devices, one program per stage.
 
 Every other model is the framework's own, and its program comes from that backend's
@@ -14,6 +15,7 @@ Every other model is the framework's own, and its program comes from that backen
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 from xdevice import _registry
@@ -24,7 +26,8 @@ from xdevice.backends.training import PRECISIONS, Program
 
 __all__ = ["PRECISIONS", "Program", "program", "staged"]
 
-_TRAINABLE = ("a zoo model, a torch.nn.Module, a keras.Model / tf.Module, or a JAX (apply, params) pair")
+_TRAINABLE = ("a zoo model, a model imported with from_onnx, a torch.nn.Module, a keras.Model / tf.Module, "
+              "or a JAX (apply, params) pair")
 
 
 class _Zoo(Program):
@@ -132,12 +135,38 @@ def staged(model: Any, devices: list[Any]) -> Program:
     return result
 
 
+class _Imported(Program):
+    """An imported ONNX model (``from_onnx``): its weights (``params``) trained, its constants
+    fixed; the graph's first output is the prediction."""
+
+    def __init__(self, model, device: Device | None):
+        if device is not None and device != model.device:
+            raise ConfigurationError(message(
+                "An imported model trains on the device it was imported to", expected=str(model.device),
+                received=str(device), fix=f"from_onnx(..., backend={model.backend.name!r}, device={str(device)!r})"))
+        super().__init__(model.backend.name, model.device, dict(model.params), {})
+        self.model = model
+
+    def run(self, params, buffers, x, train):
+        return self.model.apply(params, *(x if isinstance(x, (tuple, list)) else (x,)))[0], buffers
+
+    def write_back(self) -> None:
+        self.model.params = dict(self.params)
+
+    def result(self) -> Any:
+        return self.model
+
+
 def program(model: Any, device: Any = None) -> Program:
-    """The :class:`Program` for ``model`` (zoo model, torch module, Keras/tf.Module, JAX pair)."""
+    """The :class:`Program` for ``model`` (zoo model, imported ONNX model, torch module,
+    Keras/tf.Module, JAX pair)."""
     from xdevice.models import Model
 
     if isinstance(model, Model):
         return _Zoo(model, find(device, backend=model.backend) if device is not None else model.device)
+    imported = sys.modules.get("xdevice.converters.importer.model")  # not loaded: no model can be one
+    if imported is not None and isinstance(model, imported.ImportedModel):
+        return _Imported(model, None if device is None else find(device, backend=model.backend.name))
     backend = _owner(model)
     adapters = _registry.extension(backend.name, "training")
     if adapters is None:

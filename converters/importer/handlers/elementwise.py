@@ -47,6 +47,39 @@ for _op, _since, _method in [
     _binary(_op, _since, _method)
 
 
+def _legacy(ctx, node, a, b):
+    """``b`` lined up with ``a`` under opset 1-6 arithmetic: without ``broadcast=1`` their
+    shapes match; with it, ``b``'s dims match ``a``'s from ``axis`` on (by default its last
+    dims, as numpy aligns them), so trailing ones are added to ``b``."""
+    axis = node.attr("axis", None)
+    if not node.attr("broadcast", 0) or axis is None:
+        return b
+    ops = ctx.ops
+    rank_a, rank_b = len(ops.shape(a)), len(ops.shape(b))
+    trailing = rank_a - axis % max(rank_a, 1) - rank_b
+    return ops.reshape(b, (*ops.shape(b), *([1] * trailing))) if trailing > 0 else b
+
+
+def _legacy_binary(op: str, method: str) -> None:
+    handler(op, 1)(lambda ctx, node, a, b: getattr(ctx.ops, method)(a, _legacy(ctx, node, a, b)))
+
+
+for _op, _method in [("Add", "add"), ("Sub", "subtract"), ("Mul", "multiply"), ("Equal", "equal"),
+                     ("Greater", "greater"), ("Less", "less"), ("And", "logical_and"), ("Or", "logical_or"),
+                     ("Xor", "logical_xor")]:
+    _legacy_binary(_op, _method)
+
+
+@handler("Div", since=1)
+def div_legacy(ctx, node, a, b):
+    return div(ctx, node, a, _legacy(ctx, node, a, b))
+
+
+@handler("Pow", since=1)
+def pow_legacy(ctx, node, base, exponent):
+    return pow_(ctx, node, base, _legacy(ctx, node, base, exponent))
+
+
 @handler("Div", since=7)
 def div(ctx, node, a, b):
     ops = ctx.ops
@@ -93,21 +126,25 @@ def _variadic(ctx, combine, values):
     return out
 
 
+@handler("Sum", since=1)  # before 8: inputs of one shape, a case of the same math
 @handler("Sum", since=8)
 def sum_(ctx, node, *values):
     return _variadic(ctx, ctx.ops.add, values)
 
 
+@handler("Mean", since=1)  # before 8: inputs of one shape, a case of the same math
 @handler("Mean", since=8)
 def mean(ctx, node, *values):
     return ctx.ops.divide(_variadic(ctx, ctx.ops.add, values), float(len(values)))
 
 
+@handler("Max", since=1)  # before 8: inputs of one shape, a case of the same math
 @handler("Max", since=8)
 def max_(ctx, node, *values):
     return _variadic(ctx, ctx.ops.maximum, values)
 
 
+@handler("Min", since=1)  # before 8: inputs of one shape, a case of the same math
 @handler("Min", since=8)
 def min_(ctx, node, *values):
     return _variadic(ctx, ctx.ops.minimum, values)
@@ -144,6 +181,16 @@ def identity(ctx, node, x):
 def leaky_relu(ctx, node, x):
     ops = ctx.ops
     return ops.where(ops.less(x, 0), ops.multiply(x, node.attr("alpha", 0.01)), x)
+
+
+@handler("PRelu", since=1)
+def prelu_legacy(ctx, node, x, slope):
+    """Before opset 7 a slope of one value per channel applies along axis 1."""
+    ops = ctx.ops
+    shape, slope_shape = ops.shape(x), ops.shape(slope)
+    if len(slope_shape) == 1 and len(shape) > 2 and slope_shape[0] == shape[1]:
+        slope = ops.reshape(slope, (slope_shape[0], *([1] * (len(shape) - 2))))
+    return prelu(ctx, node, x, slope)
 
 
 @handler("PRelu", since=7)
