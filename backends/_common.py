@@ -215,3 +215,11 @@ def exporter_failed(exporter: str, error: BaseException, fix: str) -> Conversion
         summary = summary[:800] + " ..."
     return ConversionError(message(f"{exporter} could not export the model",
                                    received=f"{type(error).__name__}: {summary}", fix=fix))
+
+
+def identifier(name: str) -> str:
+    """A dimension's name as the frameworks' symbolic shapes take it (a Python identifier)."""
+    import re
+
+    found = re.sub(r"\W", "_", str(name))
+    return found if found and not found[0].isdigit() else f"d_{found}"

@@ -229,9 +229,11 @@ class Backend(abc.ABC):
                        path: os.PathLike, dynamic: bool) -> None:
         """Write an imported ONNX model (``converters.importer.ImportedModel`` on this
         backend) to ``path`` in the framework's own saved format (``saved_format``), loadable
-        without xdevice. ``specs`` are ``(name, dtype, shape)`` per input, None where a
-        dimension is not fixed; ``examples`` are numpy inputs to trace with; with
-        ``dynamic`` the unfixed dimensions stay symbolic."""
+        without xdevice. ``specs`` are ``(name, dtype, shape)`` per input, each dimension a
+        size (fixed) or a name (symbolic: any size, one size per name across inputs; the
+        name may need :func:`~xdevice.backends._common.identifier` first); ``examples`` are
+        numpy inputs to trace with, one distinct size per name; ``dynamic`` is False when
+        every dimension is fixed."""
         raise ConversionError(message(
             f"{self.title} has no saved program format of its own", received=self.name,
             choices=[name for name, cls in _known_classes().items() if cls.saved_format],

@@ -8,9 +8,9 @@
 
 The model is imported (``from_onnx``) on that framework and traced once by its backend
 (``Backend.save_converted``, in the backend's ``export.py``); the saved program holds only that
-framework's ops and the weights. The batch axis stays dynamic when the
-model allows it; a graph that computes shapes from its input (Shape -> ... -> Reshape)
-pins the batch to the example's size instead, and the result says so.
+framework's ops and the weights. Every symbolic dimension of the graph's inputs stays symbolic
+where the framework's tracer can keep it (see ``convert_model``); the result says which were
+fixed, and why.
 """
 
 from __future__ import annotations
@@ -31,9 +31,6 @@ from xdevice.converters.importer.model import ImportedModel, from_onnx
 
 __all__ = ["Converted", "convert_model", "formats"]
 
-_EXAMPLE_BATCH = 2
-
-
 def formats() -> dict[str, str]:
     """Installed backend -> the suffix of its framework's own saved program (``Backend.saved_format``)."""
     found = {}
@@ -47,6 +44,11 @@ def formats() -> dict[str, str]:
 
 @dataclasses.dataclass
 class Converted:
+    """A converted model: ``inputs`` are ``(name, dtype, shape)`` with each dimension as the
+    saved program takes it: a number where fixed, a name where any size is accepted (one name,
+    one size, across inputs); ``dynamic`` says which symbolic dims stayed free, ``note`` why
+    the others were fixed."""
+
     path: Path
     framework: str
     dynamic_batch: bool
@@ -56,7 +58,13 @@ class Converted:
 
 
 def convert_model(model: Any, to: str, output: str | os.PathLike | None = None) -> Converted:
-    """Write the ONNX ``model`` (path, bytes or ModelProto) in framework ``to``'s own format."""
+    """Write the ONNX ``model`` (path, bytes or ModelProto) in framework ``to``'s own format.
+
+    Every dimension the graph leaves symbolic stays symbolic in the saved program (named dims
+    shared across inputs bind to one size); when the framework's tracer cannot keep them all,
+    the batch alone stays free, and failing that every dimension is fixed at the example's
+    size: ``Converted.note`` says which, and why.
+    """
     suffix = _registry.backend(to).saved_format if to in _registry.backends(all=True) else None
     if suffix is None:
         raise ConversionError(message("Unknown target format", received=to, choices=list(formats())))
@@ -64,34 +72,69 @@ def convert_model(model: Any, to: str, output: str | os.PathLike | None = None) 
     imported = from_onnx(model, backend=to)
     base = Path(model).with_suffix("") if isinstance(model, (str, os.PathLike)) else Path("model")
     path = Path(output) if output else base.with_suffix(suffix)
-    specs = _input_specs(imported)
-    examples = [_example(dtype, shape) for _, dtype, shape in specs]
+    declared = _input_specs(imported)
+    examples = _examples(declared)
     writer = imported.backend.save_converted
+    failures = []
+    for attempt in ("all", "batch", "none"):
+        specs = _free(declared, attempt)
+        try:
+            writer(imported, specs, examples, path, dynamic=attempt != "none")
+            break
+        except Exception as error:  # noqa: BLE001 - each tracer refuses a symbolic dim its own way
+            if attempt == "none":
+                raise
+            failures.append(f"{type(error).__name__}: {str(error).splitlines()[0][:160]}" if str(error)
+                            else type(error).__name__)
+    fixed = [f"{name}[{axis}]={size}" for (name, _, was), (_, _, now), x in zip(declared, specs, examples)
+             for axis, (d, e, size) in enumerate(zip(was, now, x.shape)) if isinstance(d, str) and not isinstance(e, str)]
     note = ""
-    try:
-        writer(imported, specs, examples, path, dynamic=True)
-        dynamic = any(None in shape for _, _, shape in specs)
-    except Exception as error:  # noqa: BLE001 - any tracer's refusal of a dynamic batch
-        writer(imported, specs, examples, path, dynamic=False)
-        dynamic = False
-        note = (f"batch fixed at {_EXAMPLE_BATCH}: the graph computes shapes from its input "
-                f"({type(error).__name__}: {str(error).splitlines()[0][:120]})")
+    if fixed:
+        note = (f"fixed at the example's size: {', '.join(fixed)}; the {to} tracer could not keep them "
+                f"symbolic ({failures[-1]})")
+    dynamic = any(isinstance(d, str) for _, _, shape in specs for d in shape[:1])
     return Converted(path, to, dynamic, specs, time.perf_counter() - start, note)
 
 
 def _input_specs(imported: ImportedModel) -> list[tuple[str, str, tuple]]:
-    """``(name, dtype, shape)`` per graph input; None marks a dimension that is not fixed."""
+    """``(name, dtype, shape)`` per graph input: a dimension is its size where fixed, else its
+    name in the graph (``dim_param``), or ``<input>_<axis>`` where the graph names none."""
     by_name = {i.name: i for i in imported.proto.graph.input}
     specs = []
     for name in imported.input_names:
         kind = by_name[name].type.tensor_type
-        shape = tuple(d.dim_value if d.HasField("dim_value") else None for d in kind.shape.dim)
+        shape = tuple(d.dim_value if d.HasField("dim_value") else (d.dim_param or f"{name}_{axis}")
+                      for axis, d in enumerate(kind.shape.dim))
         specs.append((name, onnx_dtype(kind.elem_type), shape))
     return specs
 
 
-def _example(dtype: str, shape: tuple) -> np.ndarray:
-    concrete = tuple(_EXAMPLE_BATCH if d is None else d for d in shape)
+def _free(specs: list[tuple[str, str, tuple]], which: str) -> list[tuple[str, str, tuple]]:
+    """``specs`` with the symbolic dims kept (``"all"``), only the batch (``"batch"``: axis 0)
+    or none (``"none"``); a fixed dim is its example size."""
+    sizes = _sizes(specs)
+    kept = []
+    for name, dtype, shape in specs:
+        kept.append((name, dtype, tuple(
+            d if isinstance(d, str) and (which == "all" or (which == "batch" and axis == 0)) else
+            (sizes[d] if isinstance(d, str) else d) for axis, d in enumerate(shape))))
+    return kept
+
+
+def _sizes(specs: list[tuple[str, str, tuple]]) -> dict[str, int]:
+    """One example size per symbolic name, distinct (2, 3, 5, 7...): a tracer that saw two dims
+    of one size could take them to be equal."""
+    primes = [2, 3, 5, 7, 11, 13, 17, 19, 23, 29, 31, 37]
+    names = list(dict.fromkeys(d for _, _, shape in specs for d in shape if isinstance(d, str)))
+    return {name: primes[i % len(primes)] for i, name in enumerate(names)}
+
+
+def _examples(specs: list[tuple[str, str, tuple]]) -> list[np.ndarray]:
+    sizes = _sizes(specs)
+    return [_example(dtype, tuple(sizes[d] if isinstance(d, str) else d for d in shape)) for _, dtype, shape in specs]
+
+
+def _example(dtype: str, concrete: tuple) -> np.ndarray:
     if dtype.startswith(("int", "uint")):
         return np.ones(concrete, dtype=dtype)
     if dtype == "bool":

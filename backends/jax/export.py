@@ -10,6 +10,7 @@ function is traced as written.
 from __future__ import annotations
 
 import os
+import re
 import warnings
 from pathlib import Path
 from typing import Any
@@ -20,7 +21,7 @@ import numpy as np
 from jax import lax
 
 from xdevice.backends._common import (
-    Inputs, as_function, call_with, exporter_failed, flat_outputs, output_names, record_output_names,
+    Inputs, as_function, call_with, exporter_failed, flat_outputs, identifier, output_names, record_output_names,
 )
 from xdevice.backends._shapes import as_tuple, pool_padding
 from xdevice.backends.jax.ops import JaxOps, _lowest
@@ -97,15 +98,27 @@ class Export:
             outputs = imported.apply(imported.params, *inputs)
             return outputs[0] if len(outputs) == 1 else outputs
 
-        scope = jax.export.SymbolicScope()
-        args = []
-        for (_, dtype, shape), example in zip(specs, examples):
-            if dynamic and shape and shape[0] is None:
-                dims = jax.export.symbolic_shape("b", scope=scope) + tuple(example.shape[1:])
-            else:
+        bounds: list[str] = []
+        while True:
+            scope = jax.export.SymbolicScope(bounds)  # one scope: a name means one size across inputs
+            args = []
+            for (_, dtype, shape), example in zip(specs, examples):
                 dims = example.shape
-            args.append(jax.ShapeDtypeStruct(dims, example.dtype))
-        exported = jax.export.export(jax.jit(serve))(*args)
+                if dynamic and any(isinstance(d, str) for d in shape):
+                    dims = jax.export.symbolic_shape(", ".join(identifier(d) if isinstance(d, str) else str(d)
+                                                               for d in shape), scope=scope)
+                args.append(jax.ShapeDtypeStruct(dims, example.dtype))
+            try:
+                exported = jax.export.export(jax.jit(serve))(*args)
+                break
+            except Exception as error:
+                # a table of n rows sliced to a symbolic length gives min(n, length) rows, which
+                # JAX cannot equate with length: the graph only works for length <= n, so say
+                # so (torch.export infers the same bound itself)
+                found = _bound(str(error))
+                if found is None or found in bounds or len(bounds) > 8:
+                    raise
+                bounds.append(found)
         Path(path).write_bytes(exported.serialize())
 
     def native_outputs(self, target: Any, inputs: tuple[Any, ...]) -> list[Any]:
@@ -121,3 +134,12 @@ def _for_export(target: Any) -> Any:
         apply_fn, params = target
         return apply_fn.over(_EXPORT_OPS), params
     return target
+
+
+def _bound(error: str) -> str | None:
+    """``"seq <= 64"`` from a shape error that mentions ``min(64, seq)``, else None."""
+    found = re.search(r"min\((\d+), ([A-Za-z_]\w*)\)", error) or re.search(r"min\(([A-Za-z_]\w*), (\d+)\)", error)
+    if found is None:
+        return None
+    number, name = found.groups() if found.group(1).isdigit() else found.groups()[::-1]
+    return f"{name} <= {number}"

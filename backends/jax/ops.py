@@ -301,6 +301,10 @@ class JaxOps(Ops):
         if isinstance(indices, (int, np.integer)):  # a static slice, no gather
             return lax.index_in_dim(x, int(indices), axis % jnp.ndim(x), keepdims=False)
         # jnp.take's default mode fills out-of-range indices with NaN; wrap as numpy does negatives
+        size = jnp.shape(x)[axis]
+        if not isinstance(size, (int, np.integer)):  # a symbolic size: "wrap" would need its value
+            indices = jnp.asarray(indices)
+            return jnp.take(x, jnp.where(indices < 0, indices + size, indices), axis=axis, mode="clip")
         return jnp.take(x, jnp.asarray(indices), axis=axis, mode="wrap")
 
     def take_along_axis(self, x: Array, indices: Array, axis: int) -> Array:

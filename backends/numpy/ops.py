@@ -51,7 +51,12 @@ class NumpyOps(Ops):
 
     @_ieee
     def cast(self, x, dtype):
-        return np.asarray(x).astype(numpy_dtype(dtype))
+        x = np.asarray(x)
+        if x.dtype == object and numpy_dtype(dtype).kind in "iu":
+            # sizes of a traced shape (Python objects, symbolic): integers already, kept symbolic
+            if any(not isinstance(v, (int, np.integer)) for v in x.reshape(-1)):
+                return x
+        return x.astype(numpy_dtype(dtype))
 
     def zeros(self, shape, dtype="float32"):
         return np.zeros(tuple(shape), dtype=numpy_dtype(dtype))

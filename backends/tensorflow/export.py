@@ -66,7 +66,7 @@ class Export:
                        path: os.PathLike, dynamic: bool) -> None:
         module = tf.Module()
         module.weights = {name: tf.Variable(value, trainable=False) for name, value in imported.params.items()}
-        signature = [tf.TensorSpec([None if (dynamic and d is None) else size for d, size in zip(shape, x.shape)],
+        signature = [tf.TensorSpec([None if isinstance(d, str) else size for d, size in zip(shape, x.shape)],
                                    tf.as_dtype(dtype), name=name) for (name, dtype, shape), x in zip(specs, examples)]
 
         @tf.function(input_signature=signature)

@@ -160,9 +160,13 @@ def _axes(axis: int | Sequence[int] | None) -> int | list[int] | None:
     return axis if axis is None or isinstance(axis, int) else list(axis)
 
 
-def _static(x: Array) -> list[int]:
-    """The static shape, with -1 for the (at most one) unknown dim, for ``tf.reshape``."""
-    return [-1 if d is None else d for d in x.shape.as_list()]
+def _static(x: Array) -> list[Any]:
+    """The shape for ``tf.reshape``: static sizes, -1 for a single unknown one, and the run-time
+    size (a scalar tensor) for each of several unknown ones (a traced batch and sequence)."""
+    dims = x.shape.as_list()
+    if dims.count(None) <= 1:
+        return [-1 if d is None else d for d in dims]
+    return [tf.shape(x)[i] if d is None else d for i, d in enumerate(dims)]
 
 
 # -- channels-last windows: conv and pooling ------------------------------------------------
@@ -518,8 +522,7 @@ class TensorflowOps(Ops):
         # clamp to [-n-1, n], which keeps Python's meaning and fits any index dtype (ONNX uses INT64_MAX)
         shape = x.shape.as_list()
         axes = range(len(starts)) if axes is None else axes
-        starts, stops = ([max(-shape[a] - 1, min(v, shape[a])) for a, v in zip(axes, values)]
-                         for values in (starts, stops))
+        starts, stops = ([_clamp(v, shape[a]) for a, v in zip(axes, values)] for values in (starts, stops))
         return x[slice_index(x.shape.rank, starts, stops, axes, steps)]
 
     def take(self, x: Array, indices: Array | int, axis: int = 0) -> Array:
@@ -528,7 +531,8 @@ class TensorflowOps(Ops):
         if isinstance(indices, (int, np.integer)):  # a strided slice: its gradient stays dense
             return x[(slice(None),) * axis + (int(indices),)]
         indices = _tensor(indices)
-        return tf.gather(x, self._wrapped(indices, x.shape[axis]), axis=axis)
+        size = x.shape[axis] if x.shape[axis] is not None else tf.shape(x)[axis]  # known only at run time
+        return tf.gather(x, self._wrapped(indices, size), axis=axis)
 
     def take_along_axis(self, x: Array, indices: Array, axis: int) -> Array:
         x, indices = _tensor(x), _tensor(indices)
@@ -537,9 +541,15 @@ class TensorflowOps(Ops):
         # gather over the last axis with every other axis batched (and broadcast)
         perm = (*range(axis), *range(axis + 1, rank), axis)
         x, indices = tf.transpose(x, perm), tf.transpose(indices, perm)
-        batch = tf.broadcast_static_shape(x.shape[:-1], indices.shape[:-1]).as_list()
-        x = tf.broadcast_to(x, batch + x.shape[-1:].as_list())
-        indices = tf.broadcast_to(self._wrapped(indices, x.shape[-1]), batch + indices.shape[-1:].as_list())
+        if x.shape.is_fully_defined() and indices.shape.is_fully_defined():
+            batch = tf.broadcast_static_shape(x.shape[:-1], indices.shape[:-1]).as_list()
+            x = tf.broadcast_to(x, batch + x.shape[-1:].as_list())
+            indices = tf.broadcast_to(self._wrapped(indices, x.shape[-1]), batch + indices.shape[-1:].as_list())
+        else:  # sizes known only at run time (a traced batch or sequence)
+            batch = tf.broadcast_dynamic_shape(tf.shape(x)[:-1], tf.shape(indices)[:-1])
+            size = tf.shape(x)[-1]
+            x = tf.broadcast_to(x, tf.concat([batch, tf.shape(x)[-1:]], 0))
+            indices = tf.broadcast_to(self._wrapped(indices, size), tf.concat([batch, tf.shape(indices)[-1:]], 0))
         y = tf.gather(x, indices, batch_dims=rank - 1)
         return tf.transpose(y, np.argsort(perm))
 
@@ -691,7 +701,8 @@ class TensorflowOps(Ops):
         if b is None or b.shape.rank != 1 or b.dtype != x.dtype or x.shape.rank < 2 or w.shape.rank != 2:
             return super().linear(x, w, b)
         # a 2-D MatMul straight into BiasAdd, which Grappler fuses (with a following Relu)
-        y = tf.nn.bias_add(tf.linalg.matmul(tf.reshape(x, (-1, x.shape[-1])), w), b)
+        depth = w.shape[0] if w.shape[0] is not None else tf.shape(x)[-1]  # x's may be unknown while traced
+        y = tf.nn.bias_add(tf.linalg.matmul(tf.reshape(x, (-1, depth)), w), b)
         return y if x.shape.rank == 2 else tf.reshape(y, _static(x)[:-1] + [w.shape[-1]])
 
     square = _unary(tf.math.square)
@@ -766,3 +777,14 @@ class TensorflowOps(Ops):
     def cross_entropy(self, logits: Array, labels: Array) -> Array:
         labels = tf.cast(_tensor(labels), tf.int32)
         return tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(labels, _tensor(logits)))
+
+
+def _clamp(bound: Any, size: int | None) -> Any:
+    """A slice bound clamped to [-size-1, size]; a bound that is a tensor (a traced length) or
+    a dimension unknown while tracing is left to the strided slice, which clamps itself (a
+    Python bound is kept within int32, which TensorFlow makes of it)."""
+    if not isinstance(bound, (int, np.integer)):
+        return bound
+    if size is None:
+        return max(-(2**31), min(int(bound), 2**31 - 1))
+    return max(-size - 1, min(int(bound), size))

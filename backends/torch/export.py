@@ -25,7 +25,8 @@ from typing import Any
 import torch
 
 from xdevice._errors import ConversionError, message
-from xdevice.backends._common import Inputs, call_with, exporter_failed, flat_outputs, output_names, record_output_names
+from xdevice.backends._common import (Inputs, call_with, exporter_failed, flat_outputs, output_names,
+                                      record_output_names)
 
 __all__ = ["Export"]
 
@@ -63,12 +64,13 @@ class _Imported(torch.nn.Module):
         return outputs[0] if len(outputs) == 1 else outputs
 
 
-def _batch_dims(specs: list[tuple[str, str, tuple]]) -> dict[str, Any]:
-    """``torch.export`` dynamic shapes: one ``batch`` dim shared by every input whose first
-    dimension is not fixed (``forward(*inputs)`` has one parameter, ``inputs``: its spec is the
-    tuple of per-input specs)."""
-    batch = torch.export.Dim("batch", min=1)
-    return {"inputs": tuple({0: batch} if shape and shape[0] is None else None for _, _, shape in specs)}
+def _dims(specs: list[tuple[str, str, tuple]]) -> dict[str, Any]:
+    """``torch.export`` dynamic shapes: ``Dim.DYNAMIC`` for every symbolic dimension, so that
+    torch infers what the graph implies (two inputs' dims equal, a sequence at most the
+    position table's length) and errors only where the graph fixes a size (``forward(*inputs)``
+    has one parameter, ``inputs``: its spec is the tuple of per-input specs)."""
+    return {"inputs": tuple({axis: torch.export.Dim.DYNAMIC for axis, d in enumerate(shape) if isinstance(d, str)}
+                            or None for _, _, shape in specs)}
 
 
 class Export:
@@ -108,7 +110,7 @@ class Export:
     def save_converted(self, imported: Any, specs: list[tuple[str, str, tuple]], examples: list[Any],
                        path: os.PathLike, dynamic: bool) -> None:
         program = torch.export.export(_Imported(imported), tuple(torch.as_tensor(x) for x in examples),
-                                      dynamic_shapes=_batch_dims(specs) if dynamic else None)
+                                      dynamic_shapes=_dims(specs) if dynamic else None)
         torch.export.save(program, str(path))
 
     def native_outputs(self, target: Any, inputs: tuple[Any, ...]) -> list[Any]:

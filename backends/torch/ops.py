@@ -51,6 +51,8 @@ class TorchOps(Ops):
                 # ml_dtypes' types: torch reads their bits through a signed int of their width
                 bits = torch.as_tensor(x.view(f"i{x.dtype.itemsize}"))
                 return self.asarray(bits.view(_dtype(x.dtype.name)), dtype)
+        if isinstance(x, torch.SymInt):  # a traced size: as_tensor would fix it at its example value
+            return torch.scalar_tensor(x, dtype=want or torch.int64)
         return torch.as_tensor(x, dtype=want)  # as_tensor follows the default-device context
 
     def to_numpy(self, x: Array) -> Any:
@@ -355,10 +357,11 @@ class TorchOps(Ops):
         axes = range(len(starts)) if axes is None else axes
         steps = [1] * len(starts) if steps is None else steps
         for axis, start, stop, step in zip(axes, starts, stops, steps):
+            if step > 0:  # torch clamps forward bounds itself (symbolic ones too, under torch.export)
+                index[axis] = builtins.slice(start, stop, step)
+                continue
             picked = range(*builtins.slice(start, stop, step).indices(x.shape[axis]))
-            if step > 0:
-                index[axis] = builtins.slice(picked.start, picked.stop, step)
-            else:
+            if step < 0:
                 index[axis] = builtins.slice(picked[-1], picked[0] + 1, -step) if picked else builtins.slice(0)
                 flipped.append(axis)
         out = x[tuple(index)]

@@ -188,8 +188,13 @@ class Context:
                 fix="make that input a constant or initializer, or run the model eagerly")) from error
 
     def array(self, value: Any) -> Any:
-        """``value`` as the backend's array (static numpy values are converted)."""
+        """``value`` as the backend's array (static numpy values are converted; a shape with
+        symbolic sizes becomes the framework's int64 tensor of them)."""
         if isinstance(value, (np.ndarray, np.generic)):
+            if _symbolic_array(value):
+                ops = self.ops
+                items = [ops.asarray(v, "int64") for v in value.reshape(-1)]
+                return ops.reshape(ops.stack(items), value.shape) if items else ops.asarray(value.astype(np.int64))
             if value.dtype.kind in "OSU":
                 raise UnsupportedOp(message(f"The {self.backend.name} backend has no string tensors",
                                             fix="run string ops with the numpy backend"))
@@ -203,6 +208,33 @@ class Context:
 
 def is_static(value: Any) -> bool:
     return value is None or isinstance(value, (np.ndarray, np.generic))
+
+
+def is_symbolic(value: Any) -> bool:
+    """A size known only symbolically while a graph is traced with free dimensions (a torch
+    ``SymInt``, a ``jax.export`` dimension): an integer to Python arithmetic, not a number."""
+    return not isinstance(value, (int, float, bool, complex, np.number, np.bool_, str, bytes)) and value is not None
+
+
+#: ops numpy computes on symbolic sizes through Python's operators alone (no size is asked
+#: for as a number, which would make a tracer fix it) ...
+_SHAPE_ARITHMETIC = frozenset({"Concat", "Add", "Sub", "Mul", "Div", "Neg", "Abs", "Max", "Min", "Identity"})
+#: ... and ops that only move a shape's sizes around (the shape is their data, input 0)
+_SHAPE_MOVES = frozenset({"Gather", "Unsqueeze", "Squeeze", "Slice", "Reshape", "Cast", "Flatten"})
+
+
+def symbolic_array(sizes: Any) -> np.ndarray:
+    """A 1-D object array of ``sizes`` (numbers and symbolic sizes), built one by one so that
+    numpy never tries to convert a framework's scalar tensor."""
+    sizes = list(sizes)
+    found = np.empty(len(sizes), dtype=object)
+    for i, size in enumerate(sizes):
+        found[i] = size
+    return found
+
+
+def _symbolic_array(value: Any) -> bool:
+    return isinstance(value, np.ndarray) and value.dtype == object and any(is_symbolic(v) for v in value.reshape(-1))
 
 
 def numpy_of(value: Any, ops) -> Any:
@@ -240,12 +272,20 @@ def run_graph(graph: Graph, ctx: Context, values: dict[str, Any], plan: Plan | N
     return [values[name] for name in graph.outputs]
 
 
-def _run_node(node: Node, ctx: Context, opsets: dict[str, int], args: list, values: dict, fold: bool) -> Any:
+def _run_node(node: Node, ctx: Context, opsets: dict[str, int], args: list, values: dict, fold: bool,
+              symbolic: bool = False) -> Any:
     found = node.handler
     if found is None:  # a graph nobody bound: resolve it now (unsupported() guards the rest)
         found, _ = registry.resolve(node.op, node.domain_key, opsets[node.domain_key])
         if found is None:
             raise UnsupportedOp(message(f"No handler for {node.op}", received=node.name))
+    if fold and not symbolic and any(_symbolic_array(a) for a in args):
+        fold = False  # a symbolic size used as a size (numpy would ask for its int): the framework's op
+        if node.op in _SHAPE_ARITHMETIC or (node.op in _SHAPE_MOVES and _symbolic_array(args[0])):
+            try:  # shape arithmetic over symbolic sizes: numpy computes it on the Python objects
+                return _run_node(node, ctx, opsets, args, values, fold=True, symbolic=True)
+            except Exception:  # noqa: BLE001 - what numpy cannot do on them, the framework does
+                pass
     target = _numpy_context(ctx) if fold else ctx
     previous, target.node = target.node, node
     try:

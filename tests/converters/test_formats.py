@@ -74,3 +74,47 @@ def test_a_converted_model_loads_without_xdevice_and_matches_at_any_batch(framew
 def test_an_unknown_format_lists_the_choices(tmp_path):
     with pytest.raises(ConversionError, match=r"Unknown target format(?=.*'onnx2')(?=.*torch)(?=.*tensorflow)(?=.*jax)"):
         convert_model(tmp_path / "model.onnx", to="onnx2")
+
+
+def _shape_arithmetic_model():
+    """y[batch, seq, 4] = (x[batch, seq, 8] reshaped to [batch*seq, 8] @ w, reshaped back) +
+    mask[batch, seq, 1]: Reshape targets computed from Shape, as exporters write them."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    node, const = helper.make_node, lambda name, v: numpy_helper.from_array(np.asarray(v, np.int64), name)
+    w = numpy_helper.from_array(np.random.default_rng(0).normal(size=(8, 4)).astype(np.float32), "w")
+    nodes = [node("Shape", ["x"], ["shape"]), node("Gather", ["shape", "zero"], ["b"], axis=0),
+             node("Gather", ["shape", "one"], ["s"], axis=0), node("Mul", ["b", "s"], ["bs"]),
+             node("Concat", ["bs", "eight"], ["flat_shape"], axis=0), node("Reshape", ["x", "flat_shape"], ["flat"]),
+             node("MatMul", ["flat", "w"], ["h"]), node("Concat", ["b", "s", "four"], ["back"], axis=0),
+             node("Reshape", ["h", "back"], ["h3"]), node("Unsqueeze", ["mask", "minus_one"], ["m"]),
+             node("Add", ["h3", "m"], ["y"])]
+    inits = [w, const("zero", [0]), const("one", [1]), const("eight", [8]), const("four", [4]),
+             const("minus_one", [-1])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "seq", 8]),
+                                           helper.make_tensor_value_info("mask", TensorProto.FLOAT, ["batch", "seq"])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", "seq", 4])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    model.ir_version = 10
+    return model
+
+
+@pytest.mark.parametrize("framework", list(FORMATS))
+def test_every_symbolic_dim_stays_symbolic_in_every_saved_format(framework, tmp_path):
+    """Shapes computed from the input's shape are symbolic under tracing, not frozen: the
+    saved program takes any batch and sequence, and says so."""
+    if framework not in xdevice.backends():
+        pytest.skip(f"{framework} is not installed")
+    from tests.realworld.test_realworld import load_and_run
+    from xdevice.converters import from_onnx
+
+    model = _shape_arithmetic_model()
+    converted = convert_model(model, to=framework, output=tmp_path / f"m{FORMATS[framework]}")
+    assert converted.inputs == [("x", "float32", ("batch", "seq", 8)), ("mask", "float32", ("batch", "seq"))]
+    assert converted.dynamic_batch and converted.note == ""
+    reference = from_onnx(model)
+    for batch, seq in [(2, 16), (5, 23)]:
+        rng = np.random.default_rng(batch)
+        x, mask = rng.normal(size=(batch, seq, 8)).astype(np.float32), rng.normal(size=(batch, seq)).astype(np.float32)
+        (got,) = load_and_run(framework, converted.path, [x, mask])
+        assert got.shape == (batch, seq, 4) and compare(got, reference(x, mask)).ok

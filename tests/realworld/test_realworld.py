@@ -7,6 +7,7 @@ test-models`` all)."""
 from __future__ import annotations
 
 import importlib.util
+import warnings
 from typing import Any
 
 import numpy as np
@@ -323,3 +324,48 @@ def load_and_run(framework, path, arrays) -> list:
     exported = jax.export.deserialize(bytearray(path.read_bytes()))
     y = exported.call(*arrays)
     return [np.asarray(t) for t in (y if isinstance(y, (tuple, list)) else [y])]
+
+
+_dynamic_bert: dict = {}
+
+
+@pytest.mark.realworld
+@pytest.mark.parametrize("framework", ["torch", "tensorflow", "jax"])
+def test_a_converted_bert_takes_any_batch_and_sequence_in_every_saved_format(framework, tmp_path):
+    """A BERT exported with a symbolic batch and sequence (torch.onnx, both dims free) keeps
+    both through convert_model: its position table of 64 rows bounds the sequence, which
+    torch.export and jax.export learn from the graph."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip(framework)
+    from xdevice.converters import convert_model, from_onnx
+
+    if "model" not in _dynamic_bert:
+        model, example = CASES["hf-bert"].build()
+        batch, seq = torch.export.Dim("batch"), torch.export.Dim("seq", max=64)
+
+        class Encoder(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.bert = model
+
+            def forward(self, input_ids, attention_mask):
+                return self.bert(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+
+        args = tuple(torch.as_tensor(example[k]) for k in ("input_ids", "attention_mask"))
+        with warnings.catch_warnings():  # torch.onnx notes the two inputs share their axis names
+            warnings.simplefilter("ignore")  # and its FutureWarnings about torch internals
+            program = torch.onnx.export(Encoder().eval(), args, dynamo=True, verbose=False,
+                                        dynamic_shapes=({0: batch, 1: seq}, {0: batch, 1: seq}),
+                                        input_names=["input_ids", "attention_mask"])
+        _dynamic_bert["model"] = program.model_proto
+    proto = _dynamic_bert["model"]
+    converted = convert_model(proto, to=framework, output=tmp_path / f"bert{xdevice.backend(framework).saved_format}")
+    assert [shape for _, _, shape in converted.inputs] == [("batch", "seq")] * 2 and converted.note == ""
+    reference = from_onnx(proto)
+    for batch_size, length in [(2, 16), (5, 23)]:
+        ids = np.random.default_rng(length).integers(1, 100, size=(batch_size, length)).astype(np.int64)
+        mask = np.ones_like(ids)
+        mask[:, -3:] = 0
+        (got,) = load_and_run(framework, converted.path, [ids, mask])
+        check = scaled(got, reference(ids, mask))
+        assert got.shape == (batch_size, length, 32) and check.ok, f"{framework} {batch_size}x{length}: {check}"

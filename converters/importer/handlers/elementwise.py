@@ -83,6 +83,8 @@ def pow_legacy(ctx, node, base, exponent):
 @handler("Div", since=7)
 def div(ctx, node, a, b):
     ops = ctx.ops
+    if ops.dtype(a) == "object":  # symbolic sizes of a traced shape: positive integers
+        return ops.floor_divide(a, b)
     if ops.dtype(a) in _INTEGER:  # C's integer division: truncate toward zero
         return ops.floor_divide(ops.subtract(a, ops.fmod(a, b)), b)
     return ops.divide(a, b)

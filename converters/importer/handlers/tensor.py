@@ -13,20 +13,28 @@ from __future__ import annotations
 
 import math
 
+from typing import Any
+
 import numpy as np
 
 from xdevice._errors import ConversionError, UnsupportedOp, message
 from xdevice.backends.opset import numpy_dtype
-from xdevice.converters.importer.interpreter import onnx_dtype
+from xdevice.converters.importer.interpreter import is_symbolic, onnx_dtype, symbolic_array
 from xdevice.converters.importer.registry import handler
 
 
-def _ints(value) -> list[int]:
-    return [int(v) for v in np.asarray(value).reshape(-1)]
+def _ints(value) -> list[Any]:
+    """The integers of a static value; symbolic sizes (a traced shape's) pass as they are."""
+    return [v if is_symbolic(v) else int(v) for v in np.asarray(value).reshape(-1)]
 
 
 def _known(dims) -> bool:
     return all(isinstance(d, (int, np.integer)) for d in dims)
+
+
+def _one(d) -> bool:
+    """``d == 1`` without asking a symbolic size (which a tracer would have to guess)."""
+    return not is_symbolic(d) and d == 1
 
 
 def _axes(axes, rank: int) -> list[int]:
@@ -50,6 +58,10 @@ def shape(ctx, node, x):
     dims = tuple(ctx.ops.shape(x))[node.attr("start", 0):node.attr("end", None)]
     if _known(dims):  # static, so whatever consumes it still builds under tracing
         return np.asarray(dims, dtype=np.int64).reshape(len(dims))
+    if all(is_symbolic(d) or isinstance(d, (int, np.integer)) for d in dims):
+        # a traced shape with symbolic sizes (torch.export's SymInts, jax.export's dims): still
+        # static, as Python objects, so shape arithmetic stays symbolic instead of freezing
+        return symbolic_array(dims)
     ops = ctx.ops
     return ops.stack([ops.asarray(d, "int64") for d in dims])
 
@@ -62,7 +74,7 @@ def size(ctx, node, x):
 def _reshape(ctx, x, target, allowzero: int = 0):
     # 0 copies the input's dimension unless ``allowzero`` (Reshape-14) makes it a real 0
     dims = ctx.ops.shape(x)
-    target = [dims[i] if v == 0 and not allowzero else v for i, v in enumerate(_ints(target))]
+    target = [dims[i] if not is_symbolic(v) and v == 0 and not allowzero else v for i, v in enumerate(_ints(target))]
     return ctx.ops.reshape(x, target)
 
 
@@ -148,7 +160,7 @@ def expand(ctx, node, x, target):
     dims, target = list(ctx.ops.shape(x)), _ints(target)
     rank = max(len(dims), len(target))
     dims, target = [1] * (rank - len(dims)) + dims, [1] * (rank - len(target)) + target
-    return ctx.ops.broadcast_to(x, [d if t == 1 else t for d, t in zip(dims, target)])
+    return ctx.ops.broadcast_to(x, [d if _one(t) else t for d, t in zip(dims, target)])
 
 
 @handler("Tile", since=1, static=(1, 2))
@@ -176,7 +188,7 @@ def _slice(ctx, node, x, starts, ends, axes=None, steps=None):
     lows, highs = [], []
     for axis, start, end, step in zip(axes, starts, ends, steps):
         dim = dims[axis]
-        if isinstance(dim, (int, np.integer)):
+        if isinstance(dim, (int, np.integer)) and not (is_symbolic(start) or is_symbolic(end)):
             # slice.indices clamps exactly as ONNX does; a backward end of -1 ("before index
             # 0") becomes -dim-1, which means the same to Python and fits int64
             start, end, _ = slice(start, end, step).indices(int(dim))
@@ -211,9 +223,16 @@ def _flat_index(ctx, indices, dims):
     (negative entries count from the end)."""
     ops = ctx.ops
     index = ops.cast(indices, "int64")
-    index = ops.where(ops.less(index, 0), ops.add(index, ops.asarray(np.asarray(dims, np.int64))), index)
-    strides = np.asarray([math.prod(dims[i + 1:]) for i in range(len(dims))], dtype=np.int64)
-    return ops.sum(ops.multiply(index, ops.asarray(strides)), axis=-1)
+    index = ops.where(ops.less(index, 0), ops.add(index, _int_tensor(ctx, dims)), index)
+    strides = [math.prod(dims[i + 1:]) for i in range(len(dims))]
+    return ops.sum(ops.multiply(index, _int_tensor(ctx, strides)), axis=-1)
+
+
+def _int_tensor(ctx, values) -> Any:
+    """Sizes (symbolic ones too) as the backend's int64 vector."""
+    if any(is_symbolic(v) for v in values):
+        return ctx.array(symbolic_array(values))
+    return ctx.ops.asarray(np.asarray(values, np.int64))
 
 
 @handler("GatherND", since=11)
@@ -420,7 +439,10 @@ def _dense(sparse) -> np.ndarray:
 @handler("ConstantOfShape", since=9, static=(0,))
 def constant_of_shape(ctx, node, target):
     value = np.asarray(node.attr("value", np.zeros(1, dtype=np.float32))).reshape(-1)
-    return np.full(tuple(_ints(target)), value[0], dtype=value.dtype)
+    shape = tuple(_ints(target))
+    if any(is_symbolic(d) for d in shape):
+        return ctx.ops.full(shape, value[0].item(), dtype=value.dtype.name)
+    return np.full(shape, value[0], dtype=value.dtype)
 
 
 def _range(start, limit, delta, stash: int | None):
@@ -434,6 +456,10 @@ def _range(start, limit, delta, stash: int | None):
 
 @handler("Range", since=11, static=(0, 1, 2))
 def range_11(ctx, node, start, limit, delta):
+    bounds = [np.asarray(v).reshape(()).item() for v in (start, limit, delta)]
+    if any(is_symbolic(b) for b in bounds):  # up to a traced length: the framework's own arange
+        return ctx.ops.arange(*bounds, dtype=np.asarray(start).dtype.name if np.asarray(start).dtype != object
+                              else "int64")
     return _range(start, limit, delta, None)
 
 
