@@ -291,7 +291,10 @@ def _run_node(node: Node, ctx: Context, opsets: dict[str, int], args: list, valu
     try:
         if not fold:
             static = found.static
-            args = [ctx.static(a) if i in static else ctx.array(a) for i, a in enumerate(args)]
+            # a loop's carried values stay as they are: a counter known when the graph is built
+            # keeps the loop's condition known too (a Keras RNN's loop under jax.jit / tf.function)
+            args = [ctx.static(a) if i in static else a if node.has_subgraph and is_static(a) else ctx.array(a)
+                    for i, a in enumerate(args)]
         if node.has_subgraph:  # its own context, holding the outer scope its subgraphs read
             target = copy.copy(target)
             target.values = values

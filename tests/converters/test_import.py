@@ -83,6 +83,38 @@ def test_the_imported_function_compiles_with_its_shape_arithmetic(backend):
     assert compare(got, _reference(model, x)).ok
 
 
+def test_a_loop_counting_with_a_carried_counter_compiles(backend):
+    """tf2onnx writes a Keras RNN as a Loop whose condition compares a counter carried through
+    the loop: the counter stays known while the graph is built, so the loop unrolls under
+    jax.jit and tf.function (before, the carried counter became a traced array)."""
+    if backend.jit(_probe) is _probe:
+        pytest.skip(f"{backend.name} runs eagerly: nothing is compiled")
+    node, info = helper.make_node, helper.make_tensor_value_info
+    body = helper.make_graph(
+        [node("Add", ["i_in", "one"], ["i_out"]), node("Less", ["i_out", "five"], ["going"]),
+         node("Mul", ["h_in", "two"], ["h_out"])], "body",
+        [info("iteration", TensorProto.INT64, []), info("cond_in", TensorProto.BOOL, []),
+         info("i_in", TensorProto.INT64, []), info("h_in", TensorProto.FLOAT, ["batch", 3])],
+        [info("going", TensorProto.BOOL, []), info("i_out", TensorProto.INT64, []),
+         info("h_out", TensorProto.FLOAT, ["batch", 3])],
+        [numpy_helper.from_array(np.array(1, np.int64), "one"), numpy_helper.from_array(np.array(5, np.int64), "five"),
+         numpy_helper.from_array(np.array(2.0, np.float32), "two")])
+    inits = [numpy_helper.from_array(np.array(100, np.int64), "trips"), numpy_helper.from_array(np.array(True), "cond"),
+             numpy_helper.from_array(np.array(0, np.int64), "zero")]
+    model = _model([node("Loop", ["trips", "cond", "zero", "x"], ["count", "y"], body=body)],
+                   [info("x", TensorProto.FLOAT, ["batch", 3])],
+                   [info("count", TensorProto.INT64, []), info("y", TensorProto.FLOAT, ["batch", 3])], inits)
+    imported = from_onnx(model, backend=backend.name)
+    x = np.arange(6, dtype=np.float32).reshape(2, 3)
+    count, y = backend.jit(imported.apply)(imported.params, backend.ops.asarray(x))
+    assert int(backend.ops.to_numpy(count)) == 5
+    np.testing.assert_array_equal(backend.ops.to_numpy(y), x * 32)
+
+
+def _probe(*args):
+    return args
+
+
 def test_every_unsupported_op_is_listed_before_anything_runs():
     nodes = [helper.make_node("Frobnicate", ["x"], ["a"], name="first", domain="com.example"),
              helper.make_node("Frobnicate", ["a"], ["b"], name="second", domain="com.example"),

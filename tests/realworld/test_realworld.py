@@ -282,16 +282,8 @@ def test_the_imports_params_are_its_weights_and_train_without_nan(name):
     assert not bad, f"{name}: non-finite gradients for {bad[:5]}"
 
 
-#: what does not convert yet, and why (strict: the day it works, the mark must go)
-NOT_YET = {
-    "keras-lstm-gru": "the Loop tf2onnx writes for a Keras RNN does not trace under compilation yet (issue 17)",
-}
-
-
 @pytest.mark.parametrize("framework", ["torch", "tensorflow", "jax"])
-@pytest.mark.parametrize("name", [
-    pytest.param(p.values[0], marks=[*p.marks, pytest.mark.xfail(strict=True, reason=NOT_YET[p.values[0]])]
-                 if p.values[0] in NOT_YET else p.marks, id=p.id) for p in _params(CASES)])
+@pytest.mark.parametrize("name", _params(CASES))
 def test_converts_to_every_saved_format_and_matches(name, framework, tmp_path):
     from xdevice.converters import convert_model, from_onnx
 
