@@ -24,3 +24,19 @@ def test_train_export_serve_and_query_with_the_standard_client():
     loss = next(line for line in done.stdout.splitlines() if line.strip().startswith("loss"))
     first, last = (float(v) for v in loss.split()[1:4:2])
     assert last < first  # it trained
+
+
+ROUND_TRIP = Path(__file__).parents[2] / "examples" / "finetune_imported.py"
+
+
+@pytest.mark.slow
+def test_a_torch_model_fine_tuned_in_jax_is_served_with_its_fine_tuned_answers():
+    """torch -> ONNX -> from_onnx on JAX -> fit -> export from JAX -> xdevice serve -> tritonclient."""
+    for needed in ("torch", "jax", "jax2onnx", "tritonclient.http"):
+        pytest.importorskip(needed)
+    done = subprocess.run([sys.executable, str(ROUND_TRIP)], capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    served = next(line for line in done.stdout.splitlines() if "served vs fine-tuned" in line)
+    error, moved = float(served.split("max abs error ")[1].split(";")[0]), float(served.rsplit(" ", 1)[1])
+    assert error < 1e-4 and moved > 1e-2  # the fine-tuned answers, not the original's
