@@ -54,17 +54,19 @@ def declared_inputs(graph: Any, initializers: Sequence[str]) -> list[Declared]:
 
 
 def check_inputs(declared: Sequence[Declared], values: Sequence[Any], shape_of: Callable[[Any], tuple],
-                 dtype_of: Callable[[Any], str] | None) -> None:
+                 dtype_of: Callable[[Any], str] | None, held: Callable[[str], str] = lambda d: d) -> None:
     """Raise :class:`InputError` for the first input whose dtype (when ``dtype_of`` is given),
     rank or dims disagree with ``declared``; symbolic dims must agree across inputs. Values
-    without a shape (sequences, None) and dims that are symbolic under tracing pass."""
+    without a shape (sequences, None) and dims that are symbolic under tracing pass. ``held``
+    names the dtype the backend holds a declared dtype in (JAX without x64: int64 as int32),
+    which is accepted too."""
     bound: dict[str, tuple[int, str]] = {}
     for spec, value in zip(declared, values):
         if spec.dtype is None or not hasattr(value, "shape"):
             continue
         if dtype_of is not None and hasattr(value, "dtype"):
             got = dtype_of(value)
-            if got != spec.dtype:
+            if got != spec.dtype and got != held(spec.dtype):
                 raise InputError(message(
                     f"Input {spec.name!r} has dtype {got}, but the model declares {spec.dtype}",
                     expected=f"{spec.dtype} {spec.shape()}", received=f"{got} {list(shape_of(value))}",

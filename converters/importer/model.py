@@ -11,6 +11,7 @@ from xdevice import _registry
 from xdevice._device import Device
 from xdevice._discovery import find
 from xdevice._errors import ConversionError, InputError, UnsupportedOp, XDeviceError, message
+from xdevice.backends.opset import numpy_dtype
 from xdevice.converters.importer.fusion import fuse
 from xdevice.converters.importer.inputs import check_inputs, declared_inputs
 from xdevice.converters.importer.interpreter import Context, Graph, Plan, is_static, run_graph, unsupported
@@ -76,6 +77,7 @@ class ImportedModel:
         self.input_names = list(self.graph.inputs)
         self.declared = declared_inputs(proto.graph, self.graph.initializers)  # checked once per signature
         self._checked: set[tuple] = set()
+        self._holds: dict[str, str] = {}
         self.output_names = list(self.graph.outputs)
         self._plans: dict[tuple, Plan] = {}
         # the framework's default device is set around each call only off cpu:0, where new
@@ -173,10 +175,19 @@ class ImportedModel:
         if key in self._checked:
             return
         ops = self.backend.ops
-        check_inputs(self.declared, inputs, lambda x: tuple(x.shape), lambda x: _dtype_name(ops, x))
+        check_inputs(self.declared, inputs, lambda x: tuple(x.shape), lambda x: _dtype_name(ops, x), self._held)
         if len(self._checked) >= _PLANS:
             self._checked.clear()
         self._checked.add(key)
+
+    def _held(self, dtype: str) -> str:
+        """The dtype the backend holds ``dtype`` in (JAX without x64 holds int64 as int32)."""
+        if dtype not in self._holds:
+            try:
+                self._holds[dtype] = self.backend.ops.dtype(self.backend.ops.asarray(np.zeros((), numpy_dtype(dtype))))
+            except Exception:  # noqa: BLE001 - a dtype the backend has no array of: only itself
+                self._holds[dtype] = dtype
+        return self._holds[dtype]
 
     def _place(self, value: np.ndarray) -> Any:
         return self.backend.to_device(self.backend.ops.asarray(value), self.device)

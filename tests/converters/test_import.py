@@ -172,6 +172,17 @@ def test_inputs_are_checked_against_the_graph_before_any_op_runs(backend, a_shap
     np.testing.assert_array_equal(backend.ops.to_numpy(good), np.full((2, 3, 4), 2.0, np.float32))
 
 
+def test_int64_inputs_as_the_backend_holds_them_are_accepted(backend):
+    """JAX without x64 holds int64 as int32: token ids placed on JAX first are still right."""
+    ids = helper.make_tensor_value_info("ids", TensorProto.INT64, ["batch", 3])
+    y = helper.make_tensor_value_info("y", TensorProto.INT64, ["batch", 3])
+    model = from_onnx(_model([helper.make_node("Identity", ["ids"], ["y"])], [ids], [y]), backend=backend.name)
+    placed = backend.ops.asarray(np.arange(6, dtype=np.int64).reshape(2, 3))
+    np.testing.assert_array_equal(backend.ops.to_numpy(model(placed)), np.arange(6).reshape(2, 3))
+    with pytest.raises(xdevice.InputError, match="has dtype float32, but the model declares int64"):
+        model(np.zeros((2, 3), np.float32))
+
+
 def test_apply_checks_shapes_but_computes_in_the_precision_it_is_given():
     """``apply`` is the pure function people differentiate: float64 inputs give a float64
     result (a reference run), while shapes are still checked."""
