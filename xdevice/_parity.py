@@ -26,7 +26,6 @@ from typing import Any
 from xdevice import _registry
 from xdevice._errors import ParityError, message
 from xdevice._tolerance import TOLERANCES, compare
-from xdevice.backends.opset import numpy_dtype
 
 __all__ = ["ParityRow", "ParityReport", "parity", "assert_parity", "compare_tensors", "KINK_MARGIN"]
 
@@ -197,6 +196,8 @@ def _zoo_tensors(model, x, labels, grads: bool) -> dict[str, Any]:
     backend = _registry.backend(model.backend)
     ops = backend.ops
     dtype = ops.dtype(model.params[model.trainable[0]])
+    from xdevice.backends.opset import numpy_dtype  # the op set's module is large: not at import
+
     inputs = ops.asarray(x.astype(numpy_dtype(dtype)) if x.dtype.kind == "f" else x)
     out = {"output": ops.to_numpy(model.apply(ops, model.params, inputs, train=False))}
     if model.buffers:
@@ -233,6 +234,8 @@ def assert_parity(fn: Callable[..., Any], inputs: Sequence[Any], backends: Seque
     True
     """
     import numpy as np
+
+    from xdevice.backends.opset import numpy_dtype
 
     subject = subject or getattr(fn, "__name__", "function")
     names = list(backends) if backends is not None else _registry.backends()

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import functools
 import importlib
-import importlib.metadata
 import importlib.util
 import sys
 import threading
@@ -40,6 +39,8 @@ _lock = threading.RLock()
 
 @functools.lru_cache(maxsize=1)
 def _entry_points() -> dict[str, importlib.metadata.EntryPoint]:
+    import importlib.metadata  # read on first use, not at `import xdevice`
+
     found = {ep.name: ep for ep in importlib.metadata.entry_points(group=GROUP)}
     order = {name: i for i, name in enumerate(_BUILTIN_ORDER)}
     return dict(sorted(found.items(), key=lambda kv: (order.get(kv[0], len(order)), kv[0])))
