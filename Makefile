@@ -17,7 +17,7 @@ FRAMEWORKS_gpu := tensorflow[and-cuda] jax[cuda13]
 
 export TF_CPP_MIN_LOG_LEVEL ?= 2
 
-.PHONY: demo test test-models test-gpu install clean
+.PHONY: demo test test-models test-gpu lint install clean
 
 demo: $(STAMP)
 	$(BIN)/python examples/device_tour.py
@@ -39,6 +39,14 @@ test-gpu:
 	@if [ "$(VENV_PYTHON)" = "$(BIN)/python" ]; then $(MAKE) --no-print-directory $(STAMP); \
 	else $(VENV_PYTHON) -m pip install -q --no-build-isolation --no-deps -e .; fi
 	$(VENV_PYTHON) -m pytest -m gpu --xdevice-devices=auto -p no:cacheprovider
+
+# import-linter's contracts (pyproject.toml) over the package as installed: grimp reads folders,
+# and package-dir puts xdevice.backends and xdevice.converters outside xdevice/, so lint a copy
+# assembled the way pip installs it (tests/test_architecture.py does the same).
+lint: $(STAMP)
+	rm -rf build/lint && mkdir -p build/lint
+	cp -r xdevice build/lint/xdevice && cp -r backends build/lint/xdevice/backends && cp -r converters build/lint/xdevice/converters
+	cd build/lint && PYTHONPATH=. $(CURDIR)/$(BIN)/lint-imports --config $(CURDIR)/pyproject.toml --no-cache
 
 install: $(STAMP)
 
