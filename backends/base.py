@@ -214,10 +214,11 @@ class Backend(abc.ABC):
 
     @abc.abstractmethod
     def export_onnx(self, target: Any, example_inputs: tuple[Any, ...], opset: int,
-                    dynamic_batch: bool) -> Any:
+                    axes: list[dict[int, str]]) -> Any:
         """``target`` (this framework's own callable model) as an ``onnx.ModelProto``, traced
         on the numpy ``example_inputs``, its outputs flattened by ``_common.flat_outputs``;
-        with ``dynamic_batch`` axis 0 of every input is symbolic. ``opset`` is a request:
+        ``axes`` names, per input, the axes that stay symbolic (``{0: "batch", 1: "seq"}``;
+        one name is one size across inputs). ``opset`` is a request:
         the exporter may write another, which the caller reads back."""
 
     @abc.abstractmethod

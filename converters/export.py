@@ -36,7 +36,7 @@ import json
 import os
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -74,6 +74,7 @@ class Verification:
     batch: int
     comparison: Comparison
     scale: float = 1.0  # the absolute allowance was multiplied by it: max |expected| when below 1
+    sizes: str = ""  # the other dynamic axes' sizes, when there are some ("seq 31")
 
     @property
     def check(self) -> str:
@@ -85,7 +86,8 @@ class Verification:
                 f"magnitude, {self.scale:.3g})")
 
     def __str__(self) -> str:
-        return f"{self.output} at batch {self.batch}: max abs error {self.comparison.max_abs:.2g} ({self.check})"
+        where = f"batch {self.batch}" + (f", {self.sizes}" if self.sizes else "")
+        return f"{self.output} at {where}: max abs error {self.comparison.max_abs:.2g} ({self.check})"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -138,7 +140,7 @@ class ExportResult:
 
 def export(model: Any, path: str | os.PathLike | None = None, *, backend: str | None = None,
            example_inputs: Any = None, opset: int = 18, dynamic_batch: bool = True,
-           verify: bool = True) -> ExportResult:
+           dynamic_axes: Mapping[Any, Any] | None = None, verify: bool = True) -> ExportResult:
     """``model`` as an ONNX model: exported, checked, and verified against its source.
 
     Args:
@@ -150,6 +152,9 @@ def export(model: Any, path: str | os.PathLike | None = None, *, backend: str | 
             Zoo models default to ``model.example_input()``; native models need them.
         opset: the ONNX opset to ask the exporter for.
         dynamic_batch: make axis 0 of every input and output the symbolic ``batch``.
+        dynamic_axes: more symbolic dimensions, by name: ``{1: "seq"}`` on every input with
+            an axis 1, or per input ``{"tokens": {1: "seq"}}``; one name is one size across
+            inputs. Verification then also runs with those axes at another size.
         verify: compare ONNX Runtime's outputs with the framework's (see the module docstring).
 
     Raises:
@@ -162,22 +167,25 @@ def export(model: Any, path: str | os.PathLike | None = None, *, backend: str | 
     (18, ('batch', 784))
     """
     name, target, inputs, second = _source(model, backend, example_inputs, dynamic_batch)
+    axes = _axes(inputs, dynamic_batch, dynamic_axes)
+    second = _resized(second if dynamic_batch else inputs, axes)
     exporter = _registry.backend(name)
     start = time.perf_counter()
-    proto = exporter.export_onnx(target, inputs, opset, dynamic_batch)
+    proto = exporter.export_onnx(target, inputs, opset, axes)
     seconds = time.perf_counter() - start
-    _name_inputs_and_outputs(proto, dynamic_batch, inputs.names)
+    _name_inputs_and_outputs(proto, dynamic_batch, inputs.names, axes)
     producer = _producer(proto)
     source = lambda *xs: exporter.native_outputs(target, inputs.replaced(xs))  # noqa: E731
     with _staged(proto, path) as location:
         _check(proto, location, producer)
         inputs_info = tuple(_info(v) for v in _graph_inputs(proto))
         _check_batch(inputs_info, dynamic_batch, producer)
+        _check_axes(inputs_info, axes, producer)
         checks: list[Verification] = []
         if verify:
-            checks += _verify(proto, source, inputs, location)
-            if dynamic_batch:
-                checks += _verify(proto, source, second, location)
+            checks += _verify(proto, source, inputs, location, _sizes(inputs, axes))
+            if any(axes):
+                checks += _verify(proto, source, second, location, _sizes(second, axes))
     return ExportResult(model=proto, path=Path(path) if path is not None else None, backend=name,
                         opset=_opset(proto), requested_opset=opset, producer=producer,
                         inputs=inputs_info, outputs=tuple(_info(v) for v in proto.graph.output),
@@ -261,6 +269,71 @@ def _check_example(inputs: tuple[Any, ...], dynamic_batch: bool) -> None:
             received=[x.shape for x in inputs], fix="pass dynamic_batch=False for other inputs"))
 
 
+def _axes(inputs: Inputs, dynamic_batch: bool, dynamic_axes: Mapping[Any, Any] | None) -> list[dict[int, str]]:
+    """Per input, its symbolic axes: ``{axis: name}`` (``{0: "batch"}`` with a dynamic batch)."""
+    axes: list[dict[int, str]] = [{0: BATCH} if dynamic_batch and x.ndim else {} for x in inputs]
+    if not dynamic_axes:
+        return axes
+    usage = ('dynamic_axes={1: "seq"} (every input with an axis 1) or {"<input>": {1: "seq"}} '
+             f"with the inputs {list(inputs.names)}")
+    if not isinstance(dynamic_axes, Mapping):
+        raise ConversionError(message("dynamic_axes must be a dict", received=repr(dynamic_axes), fix=usage))
+    per_input = all(isinstance(k, str) for k in dynamic_axes)
+    for index, (name, x) in enumerate(zip(inputs.names, inputs)):
+        wanted = dynamic_axes.get(name, {}) if per_input else dynamic_axes
+        if not isinstance(wanted, Mapping):
+            raise ConversionError(message(f"dynamic_axes[{name!r}] must be a dict of axis to name",
+                                          received=repr(wanted), fix=usage))
+        for axis, symbol in wanted.items():
+            if not isinstance(axis, int) or not isinstance(symbol, str) or not symbol.isidentifier():
+                raise ConversionError(message("Each dynamic axis is an int mapped to a name", received=f"{axis!r}: "
+                                              f"{symbol!r}", fix=usage))
+            if per_input and not -x.ndim <= axis < x.ndim:
+                raise ConversionError(message(f"Input {name!r} has no axis {axis}", expected=f"an axis of its "
+                                              f"{x.ndim} (shape {x.shape})", received=axis, fix=usage))
+            if -x.ndim <= axis < x.ndim:
+                axes[index][axis % x.ndim] = symbol
+    unknown = [k for k in dynamic_axes if per_input and k not in inputs.names]
+    if unknown:
+        raise ConversionError(message("dynamic_axes names inputs the model does not take", received=unknown,
+                                      choices=list(inputs.names), fix=usage))
+    sizes: dict[str, set] = {}
+    for x, found in zip(inputs, axes):
+        for axis, symbol in found.items():
+            sizes.setdefault(symbol, set()).add(x.shape[axis])
+    clashing = {symbol: sorted(found) for symbol, found in sizes.items() if len(found) > 1}
+    if clashing:
+        raise ConversionError(message("One dynamic axis name stands for one size, but the example inputs "
+                                      "differ there", received=clashing, fix="give those axes different names"))
+    return axes
+
+
+def _sizes(inputs: Inputs, axes: list[dict[int, str]]) -> str:
+    """The sizes of the dynamic axes but the batch, in words: ``"seq 31"``."""
+    found = {symbol: x.shape[axis] for x, named in zip(inputs, axes) for axis, symbol in named.items()
+             if symbol != BATCH}
+    return ", ".join(f"{symbol} {size}" for symbol, size in found.items())
+
+
+def _resized(inputs: Inputs, axes: list[dict[int, str]]) -> Inputs:
+    """``inputs`` with every named axis but the batch at another size, one shorter (a model may
+    bound a sequence by its position table) or, from 2, longer; entries are taken cyclically,
+    so token ids stay valid. For the second verification."""
+    import numpy as np
+
+    sizes = {symbol: x.shape[axis] - 1 if x.shape[axis] > 2 else x.shape[axis] + 1 for x, found in zip(inputs, axes)
+             for axis, symbol in found.items() if symbol != BATCH}
+    if not sizes:
+        return inputs
+    resized = []
+    for x, found in zip(inputs, axes):
+        for axis, symbol in found.items():
+            if symbol != BATCH:
+                x = np.take(x, np.arange(sizes[symbol]) % max(x.shape[axis], 1), axis=axis)
+        resized.append(x)
+    return inputs.replaced(resized)
+
+
 def _second_batch(batch: int) -> int:
     return batch + 3  # another size, odd, so a batch pinned to the example's cannot pass
 
@@ -283,7 +356,8 @@ def _graph_inputs(proto: Any) -> list[Any]:
     return [v for v in proto.graph.input if v.name not in initializers]
 
 
-def _name_inputs_and_outputs(proto: Any, dynamic_batch: bool, input_names: tuple[str, ...]) -> None:
+def _name_inputs_and_outputs(proto: Any, dynamic_batch: bool, input_names: tuple[str, ...],
+                             axes: list[dict[int, str]]) -> None:
     """The example inputs' names (``input``/``input_<i>``, or a dict's keys), the source's
     output names (``output``/``output_<i>``, or a dict's keys, as the backend recorded them),
     and one ``batch`` symbol on axis 0, whatever the exporter chose (``x``/``Identity:0``/
@@ -316,6 +390,7 @@ def _name_inputs_and_outputs(proto: Any, dynamic_batch: bool, input_names: tuple
     for old in [n for n in taken if n in wanted.values()]:  # an inner value already has the name
         wanted[old] = _fresh(old, taken | set(wanted.values()))
     _rename(graph, wanted)
+    _name_axes(proto, axes)
     if not dynamic_batch:
         return
     symbols = {v.type.tensor_type.shape.dim[0].dim_param for v in _graph_inputs(proto)
@@ -328,6 +403,23 @@ def _name_inputs_and_outputs(proto: Any, dynamic_batch: bool, input_names: tuple
         for d in v.type.tensor_type.shape.dim:
             if d.dim_param in symbols:
                 d.dim_param = BATCH
+
+
+def _name_axes(proto: Any, axes: list[dict[int, str]]) -> None:
+    """The requested names on the inputs' symbolic axes, and on every output and inner value
+    that carries the exporter's symbol for one (``s77``, ``unk__25``)."""
+    graph, renamed = proto.graph, {}
+    for v, found in zip(_graph_inputs(proto), axes):
+        dims = v.type.tensor_type.shape.dim
+        for axis, symbol in found.items():
+            if symbol != BATCH and axis < len(dims) and not dims[axis].HasField("dim_value"):
+                if dims[axis].dim_param:
+                    renamed[dims[axis].dim_param] = symbol
+                dims[axis].dim_param = symbol
+    for v in [*graph.output, *graph.value_info]:
+        for d in v.type.tensor_type.shape.dim:
+            if d.dim_param in renamed:
+                d.dim_param = renamed[d.dim_param]
 
 
 def _drop_metadata(proto: Any, key: str) -> None:
@@ -392,6 +484,16 @@ def _check_batch(inputs: tuple[TensorInfo, ...], dynamic_batch: bool, producer: 
             expected=f"axis 0 of every input named {BATCH!r}", received=[str(t) for t in pinned],
             fix="make the model batch-agnostic (-1 in reshapes, sizes from the input's shape), "
                 "or pass dynamic_batch=False"))
+
+
+def _check_axes(inputs: tuple[TensorInfo, ...], axes: list[dict[int, str]], producer: str) -> None:
+    pinned = [f"{t.name}[{axis}]={t.shape[axis]}" for t, found in zip(inputs, axes) for axis, symbol in found.items()
+              if symbol != BATCH and axis < len(t.shape) and t.shape[axis] != symbol]
+    if pinned:
+        raise ConversionError(message(
+            f"{producer} fixed dimensions asked to stay dynamic", expected="the names given in dynamic_axes",
+            received=pinned, fix="compute sizes from the input's shape in the model (no Python int of them), "
+                                 "or leave those axes out of dynamic_axes"))
 
 
 def _producer(proto: Any) -> str:
@@ -461,8 +563,8 @@ def _write(proto: Any, path: Path, large: bool) -> list[Path]:
 
 # -- verification -----------------------------------------------------------------------------
 
-def _verify(proto: Any, source: Callable[..., Any], inputs: Sequence[Any], location: Path | None
-            ) -> list[Verification]:
+def _verify(proto: Any, source: Callable[..., Any], inputs: Sequence[Any], location: Path | None,
+            sizes: str = "") -> list[Verification]:
     import numpy as np
     import onnxruntime
 
@@ -476,7 +578,14 @@ def _verify(proto: Any, source: Callable[..., Any], inputs: Sequence[Any], locat
                                       expected=f"{len(names)} ({', '.join(names)})", received=len(inputs)))
     given = getattr(inputs, "names", ())
     feeds = dict(zip(given, inputs)) if set(given) == set(names) else dict(zip(names, inputs))
-    actual = session.run(None, feeds)
+    try:
+        actual = session.run(None, feeds)
+    except Exception as error:  # noqa: BLE001 - ONNX Runtime's own failure type
+        raise ConversionError(message(
+            f"ONNX Runtime failed to run the exported model on inputs of shapes {[x.shape for x in inputs]}",
+            received=str(error).strip().splitlines()[0][-400:],
+            fix="the exporter fixed a size that depends on these dimensions: make the model shape-agnostic "
+                "there, or keep those dimensions static")) from error
     expected = [np.asarray(y) for y in flat_outputs(source(*inputs))]
     outputs = [o.name for o in session.get_outputs()]
     if len(actual) != len(expected):
@@ -492,7 +601,7 @@ def _verify(proto: Any, source: Callable[..., Any], inputs: Sequence[Any], locat
                 fix="check that the model is batch-agnostic, or pass dynamic_batch=False"))
         scale = _scale(e)
         comparison = compare(a, e, e.dtype.name, scale=scale)
-        check = Verification(name, batch, comparison, scale)
+        check = Verification(name, batch, comparison, scale, sizes)
         if not comparison.ok:
             raise ConversionError(message(
                 f"ONNX output {name!r} disagrees with the source at batch {batch}: "

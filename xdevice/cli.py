@@ -63,6 +63,8 @@ def build_parser() -> argparse.ArgumentParser:
     out.add_argument("--output", default=None, metavar="PATH", help="where to write it (default: MODEL.onnx)")
     out.add_argument("--opset", type=int, default=18, help="the ONNX opset to ask for (default: 18)")
     out.add_argument("--static-batch", action="store_true", help="fix the batch size (default: dynamic)")
+    out.add_argument("--dynamic-axis", action="append", default=[], metavar="AXIS=NAME", type=_named_axis,
+                     help="keep another axis of every input symbolic, e.g. 1=seq (repeatable)")
     out.add_argument("--no-verify", action="store_true",
                      help="skip comparing ONNX Runtime's outputs with the framework's")
     out.add_argument("--batch", type=int, default=8, help="the example batch size (default: 8)")
@@ -171,6 +173,13 @@ def _parity(args: argparse.Namespace) -> int:
     return 0 if report.ok else 1
 
 
+def _named_axis(text: str) -> tuple[int, str]:
+    axis, _, name = text.partition("=")
+    if not axis.strip().lstrip("-").isdigit() or not name.isidentifier():
+        raise argparse.ArgumentTypeError(f"expected AXIS=NAME such as 1=seq, got {text!r}")
+    return int(axis), name
+
+
 def _export(args: argparse.Namespace) -> int:
     from pathlib import Path
 
@@ -182,7 +191,8 @@ def _export(args: argparse.Namespace) -> int:
     else:
         model, stem = models.build(args.model, backend=args.backend), args.model
     result = export(model, args.output or f"{stem}.onnx", example_inputs=model.example_input(args.batch),
-                    opset=args.opset, dynamic_batch=not args.static_batch, verify=not args.no_verify)
+                    opset=args.opset, dynamic_batch=not args.static_batch,
+                    dynamic_axes=dict(args.dynamic_axis), verify=not args.no_verify)
     print(f"{model.name}: {result}")
     return 0
 

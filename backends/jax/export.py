@@ -63,15 +63,11 @@ _EXPORT_OPS = ExportOps()
 
 class Export:
     def export_onnx(self, target: Any, example_inputs: tuple[Any, ...], opset: int,
-                    dynamic_batch: bool) -> Any:
+                    axes: list[dict[int, str]]) -> Any:
         from jax2onnx import to_onnx
 
         inputs = example_inputs if isinstance(example_inputs, Inputs) else Inputs.of(example_inputs)
         function = as_function(_for_export(target))
-        scope = jax.export.SymbolicScope()  # one "batch" symbol for every input
-        specs = [jax.ShapeDtypeStruct(
-            jax.export.symbolic_shape(", ".join(["batch", *map(str, x.shape[1:])]), scope=scope)
-            if dynamic_batch else x.shape, x.dtype) for x in inputs]
         double = any(np.dtype(x.dtype) == np.float64 for x in inputs)
         names: list[str] = []
 
@@ -80,15 +76,27 @@ class Export:
             names[:] = output_names(y)
             return tuple(flat_outputs(y))
 
-        try:
-            with warnings.catch_warnings():  # jax2onnx's own deprecation notices
-                warnings.simplefilter("ignore", DeprecationWarning)
-                warnings.simplefilter("ignore", FutureWarning)
-                model = to_onnx(flat, specs, opset=opset, enable_double_precision=double)
-        except Exception as error:  # jax2onnx raises many types; each is reported the same way
-            raise exporter_failed("jax2onnx", error,
-                                  "a JAX primitive without a jax2onnx lowering: rewrite that "
-                                  "part with other jax.numpy / lax ops, or try another opset") from error
+        bounds: list[str] = []
+        while True:
+            scope = jax.export.SymbolicScope(bounds)  # one symbol per name, shared by every input
+            specs = [jax.ShapeDtypeStruct(
+                jax.export.symbolic_shape(", ".join(found.get(a, str(size)) for a, size in enumerate(x.shape)),
+                                          scope=scope) if found else x.shape, x.dtype)
+                     for x, found in zip(inputs, axes)]
+            try:
+                with warnings.catch_warnings():  # jax2onnx's own deprecation notices
+                    warnings.simplefilter("ignore", DeprecationWarning)
+                    warnings.simplefilter("ignore", FutureWarning)
+                    model = to_onnx(flat, specs, opset=opset, enable_double_precision=double)
+                break
+            except Exception as error:  # jax2onnx raises many types; each is reported the same way
+                found = _bound(str(error))  # a sequence bounded by a table: say so, as save_converted does
+                if found is not None and found not in bounds and len(bounds) <= 8:
+                    bounds.append(found)
+                    continue
+                raise exporter_failed("jax2onnx", error,
+                                      "a JAX primitive without a jax2onnx lowering: rewrite that "
+                                      "part with other jax.numpy / lax ops, or try another opset") from error
         record_output_names(model, names)
         return model
 

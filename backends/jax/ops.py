@@ -200,6 +200,16 @@ class JaxOps(Ops):
     def where(self, condition: Array, x: Array, y: Array) -> Array:
         return jnp.where(condition, *_nep50(x, y))
 
+    def while_loop(self, condition: Callable[[tuple, tuple], Array], body: Callable[[tuple, tuple], tuple],
+                   state: tuple, operands: tuple = ()) -> tuple:
+        return tuple(lax.while_loop(lambda s: jnp.reshape(condition(s, operands), ()).astype(bool),
+                                    lambda s: tuple(body(s, operands)), tuple(state)))
+
+    def cond(self, predicate: Array, then: Callable[..., tuple], otherwise: Callable[..., tuple],
+             operands: tuple = ()) -> tuple:
+        return tuple(lax.cond(jnp.reshape(predicate, ()).astype(bool), lambda *o: tuple(then(*o)),
+                              lambda *o: tuple(otherwise(*o)), *operands))
+
     # -- linear algebra -------------------------------------------------------------------
 
     def matmul(self, a: Array, b: Array) -> Array:

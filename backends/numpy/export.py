@@ -16,7 +16,7 @@ __all__ = ["Export"]
 
 class Export:
     def export_onnx(self, target: Any, example_inputs: tuple[Any, ...], opset: int,
-                    dynamic_batch: bool) -> Any:
+                    axes: list[dict[int, str]]) -> Any:
         from xdevice import _registry
 
         able = [name for name in _registry.backends() if name != "numpy"]

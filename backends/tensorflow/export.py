@@ -33,13 +33,14 @@ __all__ = ["Export"]
 
 class Export:
     def export_onnx(self, target: Any, example_inputs: tuple[Any, ...], opset: int,
-                    dynamic_batch: bool) -> Any:
+                    axes: list[dict[int, str]]) -> Any:
         import tf2onnx
 
         inputs = example_inputs if isinstance(example_inputs, Inputs) else Inputs.of(example_inputs)
         call = _inference_call(target, inputs)
-        signature = [tf.TensorSpec((None if dynamic_batch else x.shape[0], *x.shape[1:]), tf.as_dtype(x.dtype),
-                                   name=_spec_name(name)) for name, x in zip(inputs.names, inputs)]
+        signature = [tf.TensorSpec([None if a in found else size for a, size in enumerate(x.shape)],
+                                   tf.as_dtype(x.dtype), name=_spec_name(name))
+                     for name, x, found in zip(inputs.names, inputs, axes)]
         names: list[str] = []
 
         def flat(*xs):

@@ -408,6 +408,14 @@ class TensorflowOps(Ops):
             condition = tf.not_equal(condition, tf.zeros((), condition.dtype))
         return tf.where(condition, *_operands(x, y))
 
+    def while_loop(self, condition, body, state: tuple, operands: tuple = ()) -> tuple:
+        return tuple(tf.while_loop(lambda *s: tf.cast(tf.reshape(condition(s, operands), ()), tf.bool),
+                                   lambda *s: tuple(body(s, operands)), tuple(state)))
+
+    def cond(self, predicate: Array, then, otherwise, operands: tuple = ()) -> tuple:
+        return tuple(tf.cond(tf.cast(tf.reshape(predicate, ()), tf.bool), lambda: tuple(then(*operands)),
+                             lambda: tuple(otherwise(*operands))))
+
     # -- linear algebra -------------------------------------------------------------------
 
     @float32_inside  # TensorFlow has no half-precision determinant kernel
@@ -748,35 +756,54 @@ class TensorflowOps(Ops):
 
     # Recurrences unroll over the static time axis. Measured under tf.function on the zoo
     # LSTM (32 steps, CPU): the forward is on par with a tf.while_loop or tf.scan, and the
-    # training step ~20% faster (no per-step loop frames or TensorArray gradients).
+    # training step ~20% faster (no per-step loop frames or TensorArray gradients). A time
+    # axis unknown while tracing (a symbolic sequence) runs as tf.scan.
 
     def lstm(self, x: Array, h: Array, c: Array, w_ih: Array, w_hh: Array, b: Array
              ) -> tuple[Array, Array, Array]:
         h, c, w_hh = map(_tensor, (h, c, w_hh))
-        outputs = []
-        for inputs in tf.unstack(self.linear(x, w_ih, b), axis=1):  # one matmul for every step's input
+
+        def step(inputs, state):
+            h, c = state
             i, f, g, o = tf.split(inputs + tf.linalg.matmul(h, w_hh), 4, axis=-1)
             c = tf.sigmoid(f) * c + tf.sigmoid(i) * tf.tanh(g)
-            h = tf.sigmoid(o) * tf.tanh(c)
-            outputs.append(h)
-        return tf.stack(outputs, axis=1), h, c
+            return tf.sigmoid(o) * tf.tanh(c), c
+
+        outputs, (h, c) = _recurrence(self.linear(x, w_ih, b), (h, c), step)  # one matmul for every step's input
+        return outputs, h, c
 
     def gru(self, x: Array, h: Array, w_ih: Array, w_hh: Array, b_ih: Array, b_hh: Array
             ) -> tuple[Array, Array]:
         h, w_hh, b_hh = map(_tensor, (h, w_hh, b_hh))
-        outputs = []
-        for inputs in tf.unstack(self.linear(x, w_ih, b_ih), axis=1):
+
+        def step(inputs, state):
+            (h,) = state
             xr, xz, xn = tf.split(inputs, 3, axis=-1)
             hr, hz, hn = tf.split(tf.linalg.matmul(h, w_hh) + b_hh, 3, axis=-1)
             r, z = tf.sigmoid(xr + hr), tf.sigmoid(xz + hz)
             n = tf.tanh(xn + r * hn)
-            h = (1.0 - z) * n + z * h
-            outputs.append(h)
-        return tf.stack(outputs, axis=1), h
+            return ((1.0 - z) * n + z * h,)
+
+        outputs, (h,) = _recurrence(self.linear(x, w_ih, b_ih), (h,), step)
+        return outputs, h
 
     def cross_entropy(self, logits: Array, labels: Array) -> Array:
         labels = tf.cast(_tensor(labels), tf.int32)
         return tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(labels, _tensor(logits)))
+
+
+def _recurrence(projected: Any, state: tuple, step: Any) -> tuple[Any, tuple]:
+    """``state = step(projected[:, t], state)`` over the time axis: the stacked first state
+    (the hidden output, ``(N, T, H)``) and the last state."""
+    if projected.shape[1] is not None:
+        outputs = []
+        for inputs in tf.unstack(projected, axis=1):
+            state = step(inputs, state)
+            outputs.append(state[0])
+        return tf.stack(outputs, axis=1), state
+    states = tf.scan(lambda carried, inputs: tuple(step(inputs, carried)), tf.transpose(projected, (1, 0, 2)),
+                     initializer=tuple(state))
+    return tf.transpose(states[0], (1, 0, 2)), tuple(s[-1] for s in states)
 
 
 def _clamp(bound: Any, size: int | None) -> Any:

@@ -75,20 +75,22 @@ def _dims(specs: list[tuple[str, str, tuple]]) -> dict[str, Any]:
 
 class Export:
     def export_onnx(self, target: Any, example_inputs: tuple[Any, ...], opset: int,
-                    dynamic_batch: bool) -> Any:
+                    axes: list[dict[int, str]]) -> Any:
         inputs = example_inputs if isinstance(example_inputs, Inputs) else Inputs.of(example_inputs)
         module = _Flat(target, inputs)
         args = tuple(torch.as_tensor(x, device=_device_of(target)) for x in example_inputs)
         shapes = None
-        if dynamic_batch:
-            if any(x.shape[0] < 2 for x in args):
-                # torch.export takes a size of 0 or 1 for a constant and would pin the batch
+        if any(axes):
+            small = [f"{name}[{a}]={x.shape[a]}" for name, x, found in zip(inputs.names, args, axes) for a in found
+                     if x.shape[a] < 2]
+            if small:
+                # torch.export takes a size of 0 or 1 for a constant and would pin that axis
                 raise ConversionError(message(
-                    "torch.export needs an example batch of at least 2 for a dynamic batch",
-                    received=[tuple(x.shape) for x in args],
-                    fix="pass example inputs with 2 or more rows, or dynamic_batch=False"))
-            batch = torch.export.Dim("batch")
-            shapes = (tuple({0: batch} for _ in args),)  # forward(*xs): one entry, for xs
+                    "torch.export needs example sizes of at least 2 on dynamic axes", received=small,
+                    fix="pass example inputs with 2 or more rows there, or dynamic_batch=False"))
+            # Dim.DYNAMIC: torch infers what the model implies (equal sizes, a sequence at most a
+            # position table's length); the names are put on the ONNX inputs afterwards
+            shapes = (tuple({a: torch.export.Dim.DYNAMIC for a in found} for found in axes),)  # forward(*xs)
         with _inference(module), _quiet():
             try:
                 proto = _dynamo(module, args, shapes, opset)
@@ -96,7 +98,7 @@ class Export:
                 # the TorchScript exporter traces differently (no decompositions to re-trace): a
                 # model that trips torch.export (a view of a non-contiguous tensor, say) may pass
                 try:
-                    proto = _torchscript(module, args, dynamic_batch, opset)
+                    proto = _torchscript(module, args, axes, opset)
                 except Exception as second:  # noqa: BLE001 - the first error is the one to act on
                     raise exporter_failed(first.exporter, first.error, first.fix + _culprit(first.error) +
                                           f"; the TorchScript exporter failed too ({type(second).__name__}: "
@@ -142,7 +144,7 @@ def _dynamo(module: torch.nn.Module, args: tuple, shapes: Any, opset: int) -> An
                       "or export from another backend") from error
 
 
-def _torchscript(module: torch.nn.Module, args: tuple, dynamic_batch: bool, opset: int) -> Any:
+def _torchscript(module: torch.nn.Module, args: tuple, axes: list[dict[int, str]], opset: int) -> Any:
     """PyTorch's TorchScript-based exporter (``dynamo=False``), which writes opsets up to 20."""
     import io
 
@@ -150,11 +152,11 @@ def _torchscript(module: torch.nn.Module, args: tuple, dynamic_batch: bool, opse
 
     buffer = io.BytesIO()
     names = [f"xs_{i}" for i in range(len(args))]
-    axes = {name: {0: "batch"} for name in names} if dynamic_batch else None
+    dynamic = {name: found for name, found in zip(names, axes) if found} or None
     with warnings.catch_warnings():  # its deprecation notice and tracer warnings
         warnings.simplefilter("ignore")
         torch.onnx.export(module, args, buffer, dynamo=False, opset_version=min(opset, 20), input_names=names,
-                          dynamic_axes=axes)
+                          dynamic_axes=dynamic)
     return onnx.load_from_string(buffer.getvalue())
 
 

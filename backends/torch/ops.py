@@ -10,6 +10,7 @@ by the reference's own helpers, so the two backends cannot drift apart.
 from __future__ import annotations
 
 import builtins
+import contextlib
 import math
 from collections.abc import Sequence
 from typing import Any
@@ -53,6 +54,11 @@ class TorchOps(Ops):
                 return self.asarray(bits.view(_dtype(x.dtype.name)), dtype)
         if isinstance(x, torch.SymInt):  # a traced size: as_tensor would fix it at its example value
             return torch.scalar_tensor(x, dtype=want or torch.int64)
+        if self._tracing_control_flow and np.ndim(x) == 0:
+            # a constant inside a traced loop or branch: an op, since torch.export's format
+            # cannot hold a constant tensor inside one (weights arrive as operands)
+            value = np.asarray(x)
+            return torch.full((), value.item(), dtype=want or _dtype(value.dtype.name))
         return torch.as_tensor(x, dtype=want)  # as_tensor follows the default-device context
 
     def to_numpy(self, x: Array) -> Any:
@@ -282,6 +288,35 @@ class TorchOps(Ops):
         condition = self.asarray(condition)
         return torch.where(condition if condition.dtype == torch.bool else condition != 0, x, y)
 
+    # torch.while_loop and torch.cond trace their functions with dynamo, which cannot follow
+    # the ONNX interpreter; their operators themselves trace with torch.export's own tracer,
+    # given every outside tensor as an operand (torch lifts nothing from closures)
+
+    _tracing_control_flow = False
+
+    def while_loop(self, condition, body, state: tuple, operands: tuple = ()) -> tuple:
+        from torch._higher_order_ops.while_loop import while_loop_op
+
+        count = len(state)
+        with self._control_flow():
+            return tuple(while_loop_op(lambda *s: torch.reshape(condition(s[:count], s[count:]), ()).bool(),
+                                       lambda *s: tuple(body(s[:count], s[count:])), tuple(state), tuple(operands)))
+
+    def cond(self, predicate: Array, then, otherwise, operands: tuple = ()) -> tuple:
+        from torch._higher_order_ops.cond import cond_op
+
+        with self._control_flow():
+            return tuple(cond_op(torch.reshape(predicate, ()).bool(), lambda *o: tuple(then(*o)),
+                                 lambda *o: tuple(otherwise(*o)), tuple(operands)))
+
+    @contextlib.contextmanager
+    def _control_flow(self):
+        previous, self._tracing_control_flow = self._tracing_control_flow, True
+        try:
+            yield
+        finally:
+            self._tracing_control_flow = previous
+
     # -- linear algebra -------------------------------------------------------------------
 
     def matmul(self, a: Array, b: Array) -> Array:
@@ -372,6 +407,12 @@ class TorchOps(Ops):
             return torch.select(x, axis, int(indices))
         # one advanced index: numpy's take, with negative indices wrapping
         indices = torch.as_tensor(indices, device=x.device)
+        if indices.dim() == 0 and self._tracing_control_flow:
+            # a scalar tensor as an index is read as a number, which a traced loop's counter
+            # is not: select by index_select instead
+            size = x.shape[axis]
+            picked = torch.index_select(x, axis, torch.where(indices < 0, indices + size, indices).reshape(1))
+            return picked.squeeze(axis)
         return x[(builtins.slice(None),) * (axis % x.dim()) + (indices,)]
 
     def take_along_axis(self, x: Array, indices: Array, axis: int) -> Array:
@@ -558,6 +599,14 @@ class TorchOps(Ops):
 
     def lstm(self, x: Array, h: Array, c: Array, w_ih: Array, w_hh: Array, b: Array
              ) -> tuple[Array, Array, Array]:
+        if not isinstance(x.shape[1], int):  # a symbolic time axis: aten's lstm would fix it
+            def step(inputs, state, w_hh):
+                i, f, g, o = (inputs + state[0] @ w_hh).chunk(4, dim=-1)
+                c = torch.sigmoid(f) * state[1] + torch.sigmoid(i) * torch.tanh(g)
+                return torch.sigmoid(o) * torch.tanh(c), c
+
+            out, (h, c) = _scan_time(step, x @ w_ih + b, (h, c), (w_hh,))
+            return out, h, c
         # torch's LSTM keeps two biases; ours is their sum, so the second is zero
         params = (w_ih.t(), w_hh.t(), b, torch.zeros_like(b))
         out, h, c = torch.lstm(x, (h[None], c[None]), params, *_rnn_flags())
@@ -570,6 +619,15 @@ class TorchOps(Ops):
 
     def gru(self, x: Array, h: Array, w_ih: Array, w_hh: Array, b_ih: Array, b_hh: Array
             ) -> tuple[Array, Array]:
+        if not isinstance(x.shape[1], int):  # a symbolic time axis: aten's gru would fix it
+            def step(inputs, state, w_hh, b_hh):
+                xr, xz, xn = inputs.chunk(3, dim=-1)
+                hr, hz, hn = (state[0] @ w_hh + b_hh).chunk(3, dim=-1)
+                r, z = torch.sigmoid(xr + hr), torch.sigmoid(xz + hz)
+                return ((1 - z) * torch.tanh(xn + r * hn) + z * state[0],)
+
+            out, (h,) = _scan_time(step, x @ w_ih + b_ih, (h,), (w_hh, b_hh))
+            return out, h
         # torch's GRU has the reference's equations, b_hn inside the reset gate included
         params = (w_ih.t(), w_hh.t(), b_ih, b_hh)
         out, h = torch.gru(x, h[None], params, *_rnn_flags())
@@ -577,6 +635,22 @@ class TorchOps(Ops):
 
     def cross_entropy(self, logits: Array, labels: Array) -> Array:
         return F.cross_entropy(logits, torch.as_tensor(labels, device=logits.device).long())
+
+
+def _scan_time(step, projected: torch.Tensor, state: tuple, weights: tuple) -> tuple[torch.Tensor, tuple]:
+    """``state = step(projected[:, t], state, *weights)`` over a time axis that torch.export
+    keeps symbolic, as torch's scan operator (traced by export's own tracer, weights as
+    operands): the stacked first state ``(N, T, H)`` and the last state."""
+    from torch._higher_order_ops.scan import scan_op
+
+    count = len(state)
+
+    def combine(*args):
+        new = step(args[count], args[:count], *args[count + 1:])
+        return (*new, new[0].clone())
+
+    out = scan_op(combine, tuple(state), (projected.transpose(0, 1),), tuple(weights))
+    return out[count].transpose(0, 1), tuple(out[:count])
 
 
 _SCATTER = {"add": "sum", "mul": "prod", "max": "amax", "min": "amin"}

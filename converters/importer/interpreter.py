@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
 from collections.abc import Iterable
 from typing import Any
 
@@ -88,6 +89,7 @@ class Node:
                                 for v in self.attrs.values())
         self.foldable = self.op not in _RANDOM and not self.has_subgraph
         self.handler: registry.Handler | None = None  # set by Graph.bind
+        self.read: list[bool] = [True] * len(self.outputs)  # which outputs a later node or the graph reads
 
     def attr(self, name: str, default: Any = None) -> Any:
         """The attribute ``name``, or ``default`` when the node leaves it out."""
@@ -108,6 +110,13 @@ class Graph:
         self.inputs = [i.name for i in proto.input if i.name not in self.initializers]
         self.outputs = [o.name for o in proto.output]
         self.nodes = [Node(n, opsets) for n in proto.node]
+        read = {*self.outputs}
+        for node in self.nodes:
+            read.update(node.inputs)
+            read.update(n for v in node.attrs.values() for g in (v if isinstance(v, list) else [v])
+                        if isinstance(g, Graph) for n in g.outer_names)
+        for node in self.nodes:
+            node.read = [name in read for name in node.outputs]
 
     def bind(self) -> list[str]:
         """Resolve every node's handler (subgraphs included) once; returns what has none, as
@@ -122,6 +131,21 @@ class Graph:
                 version = f"opset {opset}" + (f", schema since {since}" if since else ", unknown to onnx.defs")
                 missing.setdefault(f"{where}{node.op} ({version})", []).append(node.name)
         return [f"{op}: {', '.join(names[:5])}{' ...' if len(names) > 5 else ''}" for op, names in missing.items()]
+
+    @functools.cached_property
+    def outer_names(self) -> list[str]:
+        """The enclosing scope's values this graph reads (its subgraphs' reads included), in
+        first-read order: what a framework's control-flow op takes as explicit operands."""
+        defined = {*self.inputs, *self.initializers, ""}
+        found: dict[str, None] = {}
+        for node in self.nodes:
+            subgraphs = [g for v in node.attrs.values() for g in (v if isinstance(v, list) else [v])
+                         if isinstance(g, Graph)]
+            for name in [*node.inputs, *(n for g in subgraphs for n in g.outer_names)]:
+                if name not in defined:
+                    found[name] = None
+            defined.update(node.outputs)
+        return list(found)
 
     def walk(self) -> Iterable[tuple[Node, Graph]]:
         """Every node of this graph and of its subgraphs, with the graph that holds it."""
@@ -186,6 +210,16 @@ class Context:
                 f"{where} needs a value known when the graph is built, but it depends on a "
                 "traced input", received=f"{type(error).__name__}: {error}".splitlines()[0],
                 fix="make that input a constant or initializer, or run the model eagerly")) from error
+
+    def known(self, value: Any) -> np.ndarray | None:
+        """``value`` as numpy when it is known while the graph is built, else None: a value
+        computed from a traced input, or a symbolic size (control flow then compiles)."""
+        if _symbolic_array(value):
+            return None
+        try:
+            return self.static(value)
+        except ConversionError:
+            return None
 
     def array(self, value: Any) -> Any:
         """``value`` as the backend's array (static numpy values are converted; a shape with

@@ -225,3 +225,68 @@ def test_the_export_command_takes_a_saved_model_and_a_static_batch(tmp_path):
 def test_the_export_command_refuses_numpy_as_a_usage_error():
     result = _run("export", "mlp", "--backend", "numpy")
     assert result.returncode == 2 and "invalid choice: 'numpy'" in result.stderr
+
+
+def _sequence_model(framework: str):
+    """A model that takes any sequence length: x[batch, seq, 6] -> mean over seq -> dense."""
+    w = np.linspace(-1.0, 1.0, 18, dtype=np.float32).reshape(6, 3)
+    if framework == "torch":
+        import torch
+
+        class Pool(torch.nn.Module):
+            def forward(self, x, mask):
+                return (x * mask[..., None]).mean(dim=1) @ torch.as_tensor(w)
+
+        return Pool()
+    if framework == "tensorflow":
+        import keras
+
+        x, mask = keras.Input((None, 6), name="x"), keras.Input((None,), name="mask")
+        pooled = keras.ops.mean(x * keras.ops.expand_dims(mask, -1), axis=1)
+        return keras.Model({"x": x, "mask": mask}, keras.ops.matmul(pooled, w))
+    import jax.numpy as jnp
+
+    return lambda x, mask: jnp.mean(x * mask[..., None], axis=1) @ w
+
+
+def test_dynamic_axes_keep_a_named_sequence_symbolic_and_verify_at_another_length(exporter):
+    x = np.random.default_rng(0).normal(size=(2, 5, 6)).astype(np.float32)
+    inputs = {"x": x, "mask": np.ones((2, 5), np.float32)}
+    model = _sequence_model(exporter.name)
+    example = inputs if exporter.name == "tensorflow" else (x, inputs["mask"])
+    result = export(model, backend=exporter.name, example_inputs=example, dynamic_axes={1: "seq"})
+    assert [i.shape for i in result.inputs] == [("batch", "seq", 6), ("batch", "seq")]
+    assert result.outputs[0].shape == ("batch", 3)
+    assert sorted(v.batch for v in result.verification) == [2, 5]  # the second run: batch 5, sequence 8
+    import onnxruntime
+
+    session = onnxruntime.InferenceSession(result.model.SerializeToString(), providers=["CPUExecutionProvider"])
+    longer = np.random.default_rng(1).normal(size=(3, 11, 6)).astype(np.float32)
+    feeds = dict(zip([i.name for i in session.get_inputs()], [longer, np.ones((3, 11), np.float32)]))
+    np.testing.assert_allclose(session.run(None, feeds)[0], longer.mean(axis=1) @ np.linspace(
+        -1.0, 1.0, 18, dtype=np.float32).reshape(6, 3), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("axes, match", [
+    ({"tokens": {1: "seq"}}, r"names inputs the model does not take.*'tokens'.*Valid choices.*'input_0', 'input_1'"),
+    ({"input_1": {2: "seq"}}, r"Input 'input_1' has no axis 2"),
+    ({1: "seq"}, r"One dynamic axis name stands for one size.*'seq': \[4, 5\]"),
+    ({1: "not a name"}, r"Each dynamic axis is an int mapped to a name"),
+])
+def test_wrong_dynamic_axes_are_refused_before_anything_is_traced(axes, match):
+    inputs = (np.ones((2, 5, 6), np.float32), np.ones((2, 4), np.float32))
+    with pytest.raises(ConversionError, match=match):
+        export(lambda x, m: x, backend="jax", example_inputs=inputs, dynamic_axes=axes)
+
+
+@pytest.mark.slow
+def test_the_export_command_keeps_named_axes_dynamic_and_verifies_at_other_sizes(tmp_path):
+    pytest.importorskip("torch")
+    result = _run("export", "transformer", "--backend", "torch", "--dynamic-axis", "1=seq", "--batch", "3",
+                  "--output", str(tmp_path / "t.onnx"))
+    assert result.returncode == 0, result.stderr
+    assert "input     input int32[batch, seq]" in result.stdout
+    assert re.search(r"verified  output at batch 3, seq (\d+).*\n.*verified  output at batch 6, seq (?!\1)\d+",
+                     result.stdout), result.stdout
+    wrong = _run("export", "transformer", "--backend", "torch", "--dynamic-axis", "seq")
+    assert wrong.returncode == 2 and "expected AXIS=NAME such as 1=seq, got 'seq'" in wrong.stderr

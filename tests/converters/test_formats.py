@@ -78,12 +78,15 @@ def test_an_unknown_format_lists_the_choices(tmp_path):
 
 def _shape_arithmetic_model():
     """y[batch, seq, 4] = (x[batch, seq, 8] reshaped to [batch*seq, 8] @ w, reshaped back) +
-    mask[batch, seq, 1]: Reshape targets computed from Shape, as exporters write them."""
+    mask[batch, seq, 1]: Reshape targets computed from Shape (cast to int32 and back), as
+    exporters write them."""
     from onnx import TensorProto, helper, numpy_helper
 
     node, const = helper.make_node, lambda name, v: numpy_helper.from_array(np.asarray(v, np.int64), name)
     w = numpy_helper.from_array(np.random.default_rng(0).normal(size=(8, 4)).astype(np.float32), "w")
-    nodes = [node("Shape", ["x"], ["shape"]), node("Gather", ["shape", "zero"], ["b"], axis=0),
+    nodes = [node("Shape", ["x"], ["shape64"]), node("Cast", ["shape64"], ["shape32"], to=TensorProto.INT32),
+             node("Cast", ["shape32"], ["shape"], to=TensorProto.INT64),  # tf2onnx casts shapes to int32 and back
+             node("Gather", ["shape", "zero"], ["b"], axis=0),
              node("Gather", ["shape", "one"], ["s"], axis=0), node("Mul", ["b", "s"], ["bs"]),
              node("Concat", ["bs", "eight"], ["flat_shape"], axis=0), node("Reshape", ["x", "flat_shape"], ["flat"]),
              node("MatMul", ["flat", "w"], ["h"]), node("Concat", ["b", "s", "four"], ["back"], axis=0),
@@ -118,3 +121,38 @@ def test_every_symbolic_dim_stays_symbolic_in_every_saved_format(framework, tmp_
         x, mask = rng.normal(size=(batch, seq, 8)).astype(np.float32), rng.normal(size=(batch, seq)).astype(np.float32)
         (got,) = load_and_run(framework, converted.path, [x, mask])
         assert got.shape == (batch, seq, 4) and compare(got, reference(x, mask)).ok
+
+
+def _lstm_model():
+    """An ONNX LSTM over x[seq, batch, 4] with the sequence left symbolic: torch's and
+    TensorFlow's unrolled recurrences need a static time axis, so they scan instead."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    weights = [numpy_helper.from_array(rng.normal(size=shape).astype(np.float32) * 0.3, name)
+               for name, shape in [("w", (1, 20, 4)), ("r", (1, 20, 5)), ("b", (1, 40))]]
+    graph = helper.make_graph([helper.make_node("LSTM", ["x", "w", "r", "b"], ["y", "h"], hidden_size=5)], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["seq", "batch", 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["seq", 1, "batch", 5]),
+                               helper.make_tensor_value_info("h", TensorProto.FLOAT, [1, "batch", 5])], weights)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    model.ir_version = 10
+    return model
+
+
+@pytest.mark.parametrize("framework", list(FORMATS))
+def test_a_recurrence_over_a_symbolic_sequence_saves_with_the_sequence_free(framework, tmp_path):
+    if framework not in xdevice.backends():
+        pytest.skip(f"{framework} is not installed")
+    from tests.realworld.test_realworld import load_and_run
+    from xdevice.converters import from_onnx
+
+    model = _lstm_model()
+    converted = convert_model(model, to=framework, output=tmp_path / f"m{FORMATS[framework]}")
+    assert converted.inputs == [("x", "float32", ("seq", "batch", 4))] and converted.note == ""
+    reference = from_onnx(model)
+    for seq, batch in [(3, 2), (11, 5)]:
+        x = np.random.default_rng(seq).normal(size=(seq, batch, 4)).astype(np.float32)
+        got = load_and_run(framework, converted.path, [x])
+        want = [np.asarray(v) for v in reference(x)]
+        assert [g.shape for g in got] == [w.shape for w in want] and all(compare(g, w).ok for g, w in zip(got, want))

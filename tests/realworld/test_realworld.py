@@ -361,3 +361,45 @@ def test_a_converted_bert_takes_any_batch_and_sequence_in_every_saved_format(fra
         (got,) = load_and_run(framework, converted.path, [ids, mask])
         check = scaled(got, reference(ids, mask))
         assert got.shape == (batch_size, length, 32) and check.ok, f"{framework} {batch_size}x{length}: {check}"
+
+
+_recurrent: dict = {}
+
+
+@pytest.mark.realworld
+@pytest.mark.parametrize("framework", ["torch", "tensorflow", "jax"])
+def test_a_keras_recurrent_model_with_a_free_sequence_converts_to_every_saved_format(framework, tmp_path):
+    """A Keras LSTM + GRU exported with xdevice.export and dynamic_axes={1: "seq"}: tf2onnx
+    writes the LSTM as an ONNX LSTM and the GRU as a Loop whose condition compares counters
+    with the sequence length. torch and TensorFlow keep the sequence free (a scan over time;
+    their while loop, its outputs cut to the iterations run); JAX cannot give a scan output a
+    length known only at run time, so it fixes the sequence and says why."""
+    keras = pytest.importorskip("keras")
+    pytest.importorskip(framework)
+    from xdevice.converters import convert_model, export
+
+    if "model" not in _recurrent:
+        tokens = keras.Input((None,), dtype="int32", name="tokens")
+        h = keras.layers.LSTM(16, return_sequences=True)(keras.layers.Embedding(50, 16)(tokens))
+        model = keras.Model(tokens, keras.layers.Dense(3)(keras.layers.GRU(8)(h)))
+        example = np.random.default_rng(0).integers(0, 50, size=(2, 12)).astype(np.int32)
+        result = export(model, example_inputs=example, dynamic_axes={1: "seq"})
+        assert result.inputs[0].shape == ("batch", "seq") and len(result.verification) == 2
+        _recurrent["model"] = result.model
+    proto = _recurrent["model"]
+    converted = convert_model(proto, to=framework, output=tmp_path / f"rnn{xdevice.backend(framework).saved_format}")
+    free = framework != "jax"
+    assert converted.inputs[0][2] == (("batch", "seq") if free else ("batch", 3))
+    assert converted.note == "" if free else "Loop node" in converted.note and "scan outputs" in converted.note
+    reference = _onnxruntime_session(proto)
+    for shape in ([(2, 12), (5, 19)] if free else [(2, 3), (6, 3)]):
+        tokens = np.random.default_rng(shape[1]).integers(0, 50, size=shape).astype(np.int32)
+        (got,) = load_and_run(framework, converted.path, [tokens])
+        want = reference.run(None, {reference.get_inputs()[0].name: tokens})[0]
+        assert got.shape == want.shape and scaled(got, want).ok, f"{framework} {shape}"
+
+
+def _onnxruntime_session(proto):
+    import onnxruntime
+
+    return onnxruntime.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])

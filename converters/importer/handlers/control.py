@@ -1,12 +1,17 @@
 """ONNX handlers: control flow (If, Loop, Scan) and random numbers.
 
 Subgraphs run through the interpreter with ``ctx.run``, seeing the enclosing scope by
-name (``ctx.values``). Branch conditions, trip counts and loop conditions are read with
-``ctx.static``: they work eagerly and whenever they are constants, and under
-``jax.jit``/``tf.function`` a condition computed from a traced input raises a
-``ConversionError`` naming the node. A loop's iteration number is static, so index
-arithmetic inside the body folds. Scan lengths come from static shapes, so ``Scan``
-unrolls under tracing.
+name (``ctx.values``). A branch condition, trip count or loop condition known while the
+graph is built (eagerly, or a constant, or a counter carried as a constant) is read as a
+number: the branch taken is the only one traced, and the loop unrolls, so index arithmetic
+inside the body folds and torch export sees plain ops. One known only at run time (computed
+from a traced input, or a symbolic size) becomes the framework's own control flow through
+the op set's ``cond`` and ``while_loop``: ``lax.cond``/``lax.while_loop``,
+``tf.cond``/``tf.while_loop``, torch's ``cond``/``while_loop`` operators. A Loop's scan
+outputs are then written into buffers of trip-count rows (a trip count is needed, and only
+outputs something reads are built) and, unless the condition provably stays true, cut to
+the iterations run, which TensorFlow and torch can do and JAX cannot (a ``ConversionError``
+names the node). Scan lengths come from static shapes, so ``Scan`` unrolls under tracing.
 
 Random ops draw from the op set's keyed generator: the ``seed`` attribute is the key,
 and without one a key derived from the node's output name, so a model gives the same
@@ -20,7 +25,7 @@ import zlib
 import numpy as np
 
 from xdevice._errors import ConversionError, message
-from xdevice.converters.importer.interpreter import onnx_dtype
+from xdevice.converters.importer.interpreter import Optional, is_static, onnx_dtype
 from xdevice.converters.importer.registry import handler
 
 
@@ -28,10 +33,47 @@ def _flag(value) -> bool:
     return bool(np.asarray(value).reshape(-1)[0])
 
 
-@handler("If", since=1, static=(0,))
+@handler("If", since=1)
 def if_(ctx, node, condition):
-    branch = node.attr("then_branch") if _flag(condition) else node.attr("else_branch")
-    return tuple(ctx.run(branch, ctx.values, []))
+    """The branch the condition picks; a condition known only at run time (computed from a
+    traced input) becomes the framework's own branch, both branches traced."""
+    then, otherwise = node.attr("then_branch"), node.attr("else_branch")
+    known = ctx.known(condition)
+    if known is not None:
+        return tuple(ctx.run(then if _flag(known) else otherwise, ctx.values, []))
+    names = _outer(ctx, then, otherwise)
+    arrays = [lambda *operands, branch=branch: [ctx.array(v) for v in ctx.run(branch, _scope(ctx, names, operands), [])]
+              for branch in (then, otherwise)]
+    return _compiled(ctx, node, lambda: ctx.ops.cond(ctx.array(condition), *arrays,
+                                                     tuple(ctx.values[n] for n in names)),
+                     "both branches give outputs of the same shapes and dtypes")
+
+
+def _outer(ctx, *graphs) -> list[str]:
+    """The outer values the subgraphs read that are arrays of the framework (not constants):
+    its control-flow op takes them as operands."""
+    names = dict.fromkeys(n for g in graphs for n in g.outer_names)
+    return [n for n in names if n in ctx.values and not is_static(ctx.values[n])
+            and not isinstance(ctx.values[n], (list, Optional))]
+
+
+def _scope(ctx, names: list[str], operands) -> dict:
+    return {**ctx.values, **dict(zip(names, operands))}
+
+
+def _compiled(ctx, node, build, needs: str):
+    """``build()``, a framework control-flow op; its own errors (branches or loop states that
+    differ in shape or dtype) become a ``ConversionError`` naming the node."""
+    try:
+        return tuple(build())
+    except ConversionError:
+        raise
+    except Exception as error:  # noqa: BLE001 - each framework raises its own type
+        raise ConversionError(message(
+            f"{node.op} node {node.name!r} depends on a value known only at run time, so it becomes "
+            f"{ctx.backend.name}'s own control flow, which needs {needs}",
+            received=f"{type(error).__name__}: {str(error).strip().splitlines()[0] if str(error).strip() else ''}",
+            fix="run the model eagerly, or make the condition a constant")) from error
 
 
 def _empty_scan_output(ctx, node, graph, index: int):
@@ -50,20 +92,31 @@ def _stack(ctx, values: list, axis: int = 0):
     return ctx.ops.stack([ctx.array(v) for v in values], axis=axis)
 
 
-@handler("Loop", since=1, static=(0, 1))
+@handler("Loop", since=1)
 def loop(ctx, node, trip_count=None, condition=None, *initial):
     """Run ``body`` while the condition holds and fewer than ``trip_count`` iterations ran;
     the body gets ``(iteration, condition, *carried)`` and returns ``(condition,
-    *carried, *scan_outputs)``; scan outputs are stacked on a new first axis."""
+    *carried, *scan_outputs)``; scan outputs are stacked on a new first axis.
+
+    With the trip count and every condition known while the graph is built, the loop
+    unrolls (index arithmetic folds, and torch export sees plain ops). Otherwise it becomes
+    the framework's own while loop; scan outputs then need a trip count (a size is enough)
+    and a condition that stays true, since their length is a shape."""
     body = node.attr("body")
-    trips = None if trip_count is None else int(np.asarray(trip_count).reshape(-1)[0])
-    going = True if condition is None else _flag(condition)
+    trips, going = ctx.known(trip_count), ctx.known(condition)
+    if (trip_count is not None and trips is None) or (condition is not None and going is None):
+        return _while(ctx, node, trip_count, condition, list(initial))
+    trips = None if trips is None else int(trips.reshape(-1)[0])
+    going = True if going is None else _flag(going)
     carried = list(initial)
     scans: list[list] = [[] for _ in range(len(body.outputs) - 1 - len(carried))]
     iteration = 0
     while going and (trips is None or iteration < trips):
         outputs = ctx.run(body, ctx.values, [np.asarray(iteration, dtype=np.int64), np.asarray(going), *carried])
-        going = _flag(ctx.static(outputs[0]))
+        known = ctx.known(outputs[0])
+        if known is None:  # the condition turned out to be computed from a traced input
+            return _while(ctx, node, trip_count, condition, list(initial))
+        going = _flag(known)
         carried = outputs[1:1 + len(carried)]
         for collected, value in zip(scans, outputs[1 + len(carried):]):
             collected.append(value)
@@ -71,6 +124,87 @@ def loop(ctx, node, trip_count=None, condition=None, *initial):
     stacked = [_stack(ctx, values) if values else _empty_scan_output(ctx, node, body, 1 + len(carried) + k)
                for k, values in enumerate(scans)]
     return tuple(carried + stacked)
+
+
+def _while(ctx, node, trip_count, condition, initial: list):
+    """``Loop`` as the framework's while loop, over the state ``(iteration, condition,
+    *carried, *scan buffers)``; each scan output is written into a buffer of trip-count rows."""
+    ops, body = ctx.ops, node.attr("body")
+    start = [ops.asarray(0, "int64"), ops.asarray(True, "bool") if condition is None
+             else ops.reshape(ops.cast(ctx.array(condition), "bool"), ())]
+    carried = [ctx.array(v) for v in initial]
+    scans = len(body.outputs) - 1 - len(carried)
+    limit = ops.asarray(-1, "int64") if trip_count is None else ops.reshape(ctx.array(trip_count), ())
+    names = _outer(ctx, body)
+    buffers = []
+    if any(node.read[len(carried):]):  # scan outputs nothing reads are not kept
+        rows, every = _scan_rows(ctx, node, trip_count, condition)
+        probe = ctx.run(body, ctx.values, [*start, *carried])[1 + len(carried):]
+        try:
+            buffers = [ops.zeros((rows, *ops.shape(ctx.array(v))), ops.dtype(ctx.array(v))) for v in probe]
+        except Exception as error:  # noqa: BLE001 - a framework whose shapes cannot hold a traced size
+            raise ConversionError(message(
+                f"Loop node {node.name!r} stacks scan outputs over a trip count computed from data, which "
+                f"{ctx.backend.name} cannot use as a size while the graph is built",
+                received=f"{type(error).__name__}: {str(error).strip()[:160]}",
+                fix="run the model eagerly, or make the trip count a constant or an input's size")) from error
+
+    def going(state, operands):  # the limit travels as the last operand: torch traces no closures
+        if trip_count is None:
+            return state[1]
+        return ops.logical_and(state[1], ops.less(state[0], ops.cast(operands[-1], ops.dtype(state[0]))))
+
+    def step(state, operands):
+        iteration, carry, stacks = state[0], state[2:2 + len(carried)], state[2 + len(carried):]
+        outputs = ctx.run(body, _scope(ctx, names, operands), [iteration, state[1], *carry])
+        new = [ops.cast(ctx.array(v), ops.dtype(old)) for v, old in zip(outputs[1:1 + len(carried)], carry)]
+        written = []
+        if stacks:  # row `iteration` of each buffer takes this iteration's scan output
+            here = ops.equal(ops.arange(ops.shape(stacks[0])[0], dtype=ops.dtype(iteration)), iteration)
+            written = [ops.where(ops.reshape(here, (-1,) + (1,) * (len(ops.shape(b)) - 1)),
+                                 ops.expand_dims(ops.cast(ctx.array(v), ops.dtype(b)), 0), b)
+                       for v, b in zip(outputs[1 + len(carried):], stacks)]
+        return (ops.add(iteration, 1), ops.reshape(ops.cast(ctx.array(outputs[0]), "bool"), ()), *new, *written)
+
+    final = _compiled(ctx, node, lambda: ops.while_loop(going, step, (*start, *carried, *buffers),
+                                                        (*(ctx.values[n] for n in names), limit)),
+                      "carried values that keep their shape and dtype")
+    if buffers and not every:  # the loop may have stopped early: its outputs have as many rows as it ran
+        done = final[0]
+        stacked = _compiled(ctx, node, lambda: [ops.take(b, ops.arange(done, dtype=ops.dtype(done)), axis=0)
+                                                for b in final[2 + len(carried):]],
+                            "scan outputs whose length, the number of iterations the loop ran, can be a "
+                            "shape (the condition cannot be shown to stay true until the trip count)")
+        return tuple(final[2:2 + len(carried)]) + stacked
+    return tuple(final[2:]) + (None,) * (scans - len(buffers))
+
+
+def _scan_rows(ctx, node, trip_count, condition):
+    """The scan buffers' length, the trip count, and whether the loop provably runs that many
+    times (its condition stays true); if not, the outputs keep the rows the loop wrote."""
+    body = node.attr("body")
+    stays = condition is None or ctx.known(condition) is not None and _flag(ctx.known(condition))
+    if stays:
+        # the body's condition output is the condition input passed on, or a constant true
+        out, into = body.outputs[0], body.inputs[1]
+        producers = {o: n for n in body.nodes for o in n.outputs}
+        while out in producers and producers[out].op == "Identity":
+            out = producers[out].inputs[0]
+        constant = body.initializers.get(out)
+        if out in producers and producers[out].op == "Constant":
+            constant = producers[out].attr("value")
+        stays = out == into or (constant is not None and _flag(constant))
+    if trip_count is None:
+        raise ConversionError(message(
+            f"Loop node {node.name!r} stacks scan outputs over a number of iterations known only at run time",
+            expected="a trip count, the most rows the outputs can have",
+            fix="run the model eagerly, or carry the values instead of scanning them"))
+    known = ctx.known(trip_count)
+    if known is not None:
+        return int(known.reshape(-1)[0]), stays
+    if isinstance(trip_count, np.ndarray):  # a symbolic size
+        return trip_count.reshape(-1)[0], stays
+    return ctx.ops.reshape(trip_count, ()), stays  # a size computed while the graph runs (TensorFlow's)
 
 
 def _scan(ctx, node, states: list, inputs: list, input_axes, input_reversed, output_axes, output_reversed):

@@ -276,6 +276,9 @@ def shrink(ctx, node, x):
 
 def _cast(ctx, x, to: str, saturate: int = 1):
     ops = ctx.ops
+    if isinstance(x, np.ndarray) and x.dtype == object and to.startswith(("int", "uint")) \
+            and not any(isinstance(v, str) for v in x.reshape(-1)):
+        return x  # sizes, some symbolic (a traced shape): integers already, and kept symbolic
     if isinstance(x, np.ndarray) and (to == "string" or x.dtype.kind in "OSU"):
         return _cast_strings(x, to)  # strings exist only as static numpy values
     if to.startswith("float8") and saturate and ops.dtype(x) in ("float16", "bfloat16", "float32", "float64"):
