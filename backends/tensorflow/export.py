@@ -72,7 +72,8 @@ class Export:
 
         @tf.function(input_signature=signature)
         def serve(*inputs):
-            outputs = imported.apply(dict(module.weights), *inputs)
+            with tf.control_dependencies(_same_sizes(specs, inputs)):
+                outputs = imported.apply(dict(module.weights), *(tf.identity(x) for x in inputs))
             return outputs[0] if len(outputs) == 1 else outputs
 
         serve.get_concrete_function()  # trace now: a refusal of the dynamic batch surfaces here
@@ -82,6 +83,25 @@ class Export:
     def native_outputs(self, target: Any, inputs: tuple[Any, ...]) -> list[Any]:
         call = _inference_call(target, inputs if isinstance(inputs, Inputs) else Inputs.of(inputs))
         return [self.ops.to_numpy(y) for y in flat_outputs(call(*(tf.convert_to_tensor(x) for x in inputs)))]
+
+
+def _same_sizes(specs: list[tuple[str, str, tuple]], inputs: tuple) -> list[Any]:
+    """Run-time checks that the dimensions sharing a name have one size across inputs (a
+    signature of ``None`` dims cannot say so; torch.export and jax.export check it themselves)."""
+    first: dict[str, tuple[str, Any]] = {}
+    checks = []
+    for (name, _, shape), x in zip(specs, inputs):
+        for axis, d in enumerate(shape):
+            if not isinstance(d, str):
+                continue
+            size = tf.shape(x)[axis]
+            if d not in first:
+                first[d] = (f"{name}[{axis}]", size)
+                continue
+            where, expected = first[d]
+            checks.append(tf.debugging.assert_equal(size, expected, message=(
+                f"dimension {d} has one size across inputs: {name}[{axis}] differs from {where}")))
+    return checks
 
 
 def _inference_call(target: Any, inputs: Inputs) -> Callable[..., Any]:

@@ -82,6 +82,23 @@ def running_sum_model(scan_read: bool = True, trip_count: str = "seq"):
                   [_const("one", 1, np.int64), _const("one_axis", [1], np.int64), _const("nought", 0.0, np.float32)])
 
 
+def scan_model():
+    """The running sums as a Scan over axis 1 of x[batch, seq, 4], its partial sums stacked
+    on axis 1 in reverse order: a length that is a symbolic size when traced."""
+    body = helper.make_graph(
+        [node("Add", ["acc_in", "row"], ["acc_out"]), node("Identity", ["acc_out"], ["partial"])], "body",
+        [info("acc_in", TensorProto.FLOAT, ["batch", 4]), info("row", TensorProto.FLOAT, ["batch", 4])],
+        [info("acc_out", TensorProto.FLOAT, ["batch", 4]), info("partial", TensorProto.FLOAT, ["batch", 4])])
+    return _model([node("ReduceSum", ["x", "one_axis"], ["summed"], keepdims=0),
+                   node("Mul", ["summed", "nought"], ["acc0"]),
+                   node("Scan", ["acc0", "x"], ["total", "partials"], body=body, num_scan_inputs=1,
+                        scan_input_axes=[1], scan_output_axes=[1], scan_output_directions=[1], name="sums")],
+                  [info("x", TensorProto.FLOAT, ["batch", "seq", 4])],
+                  [info("total", TensorProto.FLOAT, ["batch", 4]),
+                   info("partials", TensorProto.FLOAT, ["batch", "seq", 4])],
+                  [_const("one_axis", [1], np.int64), _const("nought", 0.0, np.float32)])
+
+
 def _onnxruntime(model, x):
     import onnxruntime
 
@@ -94,6 +111,8 @@ CASES = {  # model, inputs that take each way through it
     "while": (while_model, [np.full((2, 3), 0.5, np.float32), np.full((4, 3), 50.0, np.float32)]),
     "running sum": (running_sum_model, [np.arange(24, dtype=np.float32).reshape(2, 3, 4),
                                         np.ones((3, 7, 4), np.float32)]),
+    "scan": (scan_model, [np.arange(24, dtype=np.float32).reshape(2, 3, 4),
+                          np.random.default_rng(0).normal(size=(3, 7, 4)).astype(np.float32)]),
 }
 
 
@@ -121,7 +140,8 @@ def test_control_flow_on_traced_values_saves_in_every_format_with_its_dims_free(
 
     for case, (build, inputs) in CASES.items():
         model = build()
-        converted = convert_model(model, to=framework, output=tmp_path / f"{case.replace(' ', '_')}{FORMATS[framework]}")
+        path = tmp_path / f"{case.replace(' ', '_')}{FORMATS[framework]}"
+        converted = convert_model(model, to=framework, output=path)
         assert converted.note == "" and converted.inputs[0][2][0] == "batch", (case, converted)
         for x in inputs:
             assert _matches(load_and_run(framework, converted.path, [x]), _onnxruntime(model, x)), f"{case} {x.shape}"

@@ -121,6 +121,12 @@ def test_every_symbolic_dim_stays_symbolic_in_every_saved_format(framework, tmp_
         x, mask = rng.normal(size=(batch, seq, 8)).astype(np.float32), rng.normal(size=(batch, seq)).astype(np.float32)
         (got,) = load_and_run(framework, converted.path, [x, mask])
         assert got.shape == (batch, seq, 4) and compare(got, reference(x, mask)).ok
+    # "seq" is one size across the inputs: every saved format refuses a mask of another length
+    refusal = {"torch": r"Guard failed: inputs_1.size\(\)\[1\] == inputs_0.size\(\)\[1\]",
+               "jax": r"inconsistency between dimension size args\[1\].shape\[1\] \(= \d+\) and the specification 'seq'",
+               "tensorflow": r"dimension seq has one size across inputs: mask\[1\] differs from x\[1\]"}
+    with pytest.raises(Exception, match=refusal[framework]):
+        load_and_run(framework, converted.path, [x, mask[:, :-1]])
 
 
 def _lstm_model():

@@ -25,7 +25,7 @@ import zlib
 import numpy as np
 
 from xdevice._errors import ConversionError, message
-from xdevice.converters.importer.interpreter import Optional, is_static, onnx_dtype
+from xdevice.converters.importer.interpreter import Optional, is_static, is_symbolic, onnx_dtype, symbolic_array
 from xdevice.converters.importer.registry import handler
 
 
@@ -158,12 +158,7 @@ def _while(ctx, node, trip_count, condition, initial: list):
         iteration, carry, stacks = state[0], state[2:2 + len(carried)], state[2 + len(carried):]
         outputs = ctx.run(body, _scope(ctx, names, operands), [iteration, state[1], *carry])
         new = [ops.cast(ctx.array(v), ops.dtype(old)) for v, old in zip(outputs[1:1 + len(carried)], carry)]
-        written = []
-        if stacks:  # row `iteration` of each buffer takes this iteration's scan output
-            here = ops.equal(ops.arange(ops.shape(stacks[0])[0], dtype=ops.dtype(iteration)), iteration)
-            written = [ops.where(ops.reshape(here, (-1,) + (1,) * (len(ops.shape(b)) - 1)),
-                                 ops.expand_dims(ops.cast(ctx.array(v), ops.dtype(b)), 0), b)
-                       for v, b in zip(outputs[1 + len(carried):], stacks)]
+        written = _written(ctx, stacks, outputs[1 + len(carried):], iteration)  # row `iteration` of each buffer
         return (ops.add(iteration, 1), ops.reshape(ops.cast(ctx.array(outputs[0]), "bool"), ()), *new, *written)
 
     final = _compiled(ctx, node, lambda: ops.while_loop(going, step, (*start, *carried, *buffers),
@@ -210,7 +205,11 @@ def _scan_rows(ctx, node, trip_count, condition):
 def _scan(ctx, node, states: list, inputs: list, input_axes, input_reversed, output_axes, output_reversed):
     """The scan loop over already unbatched inputs: ``(final states, scan outputs)``."""
     ops, body = ctx.ops, node.attr("body")
-    lengths = {ops.shape(x)[axis] for x, axis in zip(inputs, input_axes)}
+    sizes = [ops.shape(x)[axis] for x, axis in zip(inputs, input_axes)]
+    if not all(isinstance(n, (int, np.integer)) for n in sizes):  # a symbolic or run-time length
+        return _scan_loop(ctx, node, states, inputs, input_axes, input_reversed, output_axes, output_reversed,
+                          sizes[0])
+    lengths = set(sizes)
     if len(lengths) != 1:
         raise ConversionError(message(f"Scan node {node.name!r} scans inputs of different lengths",
                                       expected="one length along every scan axis", received=sorted(lengths)))
@@ -230,6 +229,60 @@ def _scan(ctx, node, states: list, inputs: list, input_axes, input_reversed, out
             continue
         stacked.append(_stack(ctx, values[::-1] if rev else values, axis=axis))
     return list(states), stacked
+
+
+def _scan_loop(ctx, node, states: list, inputs: list, input_axes, input_reversed, output_axes, output_reversed,
+               length):
+    """``Scan`` over a length known only at run time, as the framework's while loop: the
+    state is ``(step, *states, *output buffers)``; the scanned inputs and the length are
+    operands."""
+    ops, body = ctx.ops, node.attr("body")
+    names = _outer(ctx, body)
+    states = [ctx.array(v) for v in states]
+    count = len(states)
+
+    def rows(step, operands):
+        scanned, limit = operands[len(names):-1], operands[-1]
+        return [ops.take(x, ops.subtract(ops.subtract(limit, 1), step) if rev else step, axis=axis)
+                for x, axis, rev in zip(scanned, input_axes, input_reversed)]
+
+    limit = ops.reshape(ctx.array(symbolic_array([length]) if is_symbolic(length) else length), ())
+    operands = (*(ctx.values[n] for n in names), *inputs, ops.cast(limit, "int64"))
+    start = ops.asarray(0, "int64")
+    probe = ctx.run(body, ctx.values, [*states, *rows(start, operands)])[count:]
+    buffers = [ops.zeros((length, *ops.shape(ctx.array(v))), ops.dtype(ctx.array(v))) for v in probe]
+
+    def going(state, operands):
+        return ops.less(state[0], ops.cast(operands[-1], ops.dtype(state[0])))
+
+    def step(state, operands):
+        at, carry, stacks = state[0], state[1:1 + count], state[1 + count:]
+        outputs = ctx.run(body, _scope(ctx, names, operands[:len(names)]), [*carry, *rows(at, operands)])
+        new = [ops.cast(ctx.array(v), ops.dtype(old)) for v, old in zip(outputs[:count], carry)]
+        return (ops.add(at, 1), *new, *_written(ctx, stacks, outputs[count:], at))
+
+    final = _compiled(ctx, node, lambda: ops.while_loop(going, step, (start, *states, *buffers), operands),
+                      "states that keep their shape and dtype")
+    stacked = []
+    for value, axis, rev in zip(final[1 + count:], output_axes, output_reversed):
+        value = ops.flip(value, (0,)) if rev else value
+        if axis % len(ops.shape(value)):  # rows are stacked on axis 0; the output wants them on `axis`
+            order = list(range(1, len(ops.shape(value))))
+            order.insert(axis % len(ops.shape(value)), 0)
+            value = ops.transpose(value, order)
+        stacked.append(value)
+    return list(final[1:1 + count]), stacked
+
+
+def _written(ctx, buffers: list, values: list, at) -> list:
+    """Each buffer with row ``at`` replaced by the matching value (a select over the rows, which
+    every framework traces with ``at`` unknown)."""
+    if not buffers:
+        return []
+    ops = ctx.ops
+    here = ops.equal(ops.arange(ops.shape(buffers[0])[0], dtype=ops.dtype(at)), at)
+    return [ops.where(ops.reshape(here, (-1,) + (1,) * (len(ops.shape(b)) - 1)),
+                      ops.expand_dims(ops.cast(ctx.array(v), ops.dtype(b)), 0), b) for v, b in zip(values, buffers)]
 
 
 @handler("Scan", since=9)
