@@ -15,7 +15,7 @@ EXTRAS   := torch,jax,onnx,export,serve,nvml,plot,test
 FRAMEWORKS_cpu := tensorflow-cpu
 FRAMEWORKS_gpu := tensorflow[and-cuda] jax[cuda13]
 
-export TF_CPP_MIN_LOG_LEVEL ?= 2
+export TF_CPP_MIN_LOG_LEVEL ?= 3
 
 .PHONY: demo test test-models test-gpu lint install clean
 

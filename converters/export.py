@@ -34,6 +34,7 @@ import contextlib
 import dataclasses
 import json
 import os
+import re
 import tempfile
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -170,6 +171,7 @@ def export(model: Any, path: str | os.PathLike | None = None, *, backend: str | 
     axes = _axes(inputs, dynamic_batch, dynamic_axes)
     second = _resized(second if dynamic_batch else inputs, axes)
     exporter = _registry.backend(name)
+    _runs_on(exporter, target, inputs)
     start = time.perf_counter()
     proto = exporter.export_onnx(target, inputs, opset, axes)
     seconds = time.perf_counter() - start
@@ -267,6 +269,25 @@ def _check_example(inputs: tuple[Any, ...], dynamic_batch: bool) -> None:
         raise ConversionError(message(
             "A dynamic batch needs every input to have the same batch size on axis 0",
             received=[x.shape for x in inputs], fix="pass dynamic_batch=False for other inputs"))
+
+
+def _runs_on(exporter: Any, target: Any, inputs: Inputs) -> None:
+    """The model, called once on its example inputs before any exporter traces it: a wrong
+    shape or dtype is reported as that, with the framework's one-line cause, rather than from
+    deep inside a tracer."""
+    try:
+        exporter.native_outputs(target, inputs)
+    except Exception as error:  # noqa: BLE001 - each framework raises its own type
+        text = re.sub(r"\x1b\[[0-9;]*m", "", str(error))  # Keras colours its messages
+        lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
+        cause = next((line for line in lines if "shape" in line.lower() or "dtype" in line.lower()),
+                     lines[0] if lines else "")
+        raise ConversionError(message(
+            f"The model fails on its example inputs, so there is nothing to export ({exporter.name} "
+            f"raised {type(error).__name__}: {cause[:300]})",
+            expected="example inputs of the shapes and dtypes the model takes, batch first",
+            received=", ".join(f"{name}: {x.dtype}{list(x.shape)}" for name, x in zip(inputs.names, inputs)),
+            fix="call the model on those inputs yourself to see what it wants, then pass such arrays")) from error
 
 
 def _axes(inputs: Inputs, dynamic_batch: bool, dynamic_axes: Mapping[Any, Any] | None) -> list[dict[int, str]]:

@@ -25,12 +25,16 @@ from xdevice.serving import ServerProcess
 
 
 def main() -> int:
+    argparse.ArgumentParser(description="torch -> ONNX -> fine-tune in JAX -> ONNX -> serve").parse_args()
+    backend = "jax"
+    with tempfile.TemporaryDirectory(prefix="xdevice-roundtrip-") as folder:  # removed afterwards
+        return roundtrip(Path(folder), backend)
+
+
+def roundtrip(folder: Path, backend: str) -> int:
     import torch
     import tritonclient.http as httpclient
 
-    argparse.ArgumentParser(description="torch -> ONNX -> fine-tune in JAX -> ONNX -> serve").parse_args()
-    backend = "jax"
-    folder = Path(tempfile.mkdtemp(prefix="xdevice-roundtrip-"))
     rng = np.random.default_rng(0)
     x = rng.normal(size=(512, 8)).astype(np.float32)
     y = (x[:, 0] + x[:, 1] * x[:, 2] > 0).astype(np.int64)

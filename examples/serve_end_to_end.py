@@ -38,8 +38,6 @@ def train(backend: str):
 
 
 def main() -> int:
-    import tritonclient.http as httpclient
-
     parser = argparse.ArgumentParser(description="train, check parity, export, serve, query")
     parser.add_argument("--backend", default="torch", choices=["torch", "jax", "tensorflow", "numpy"])
     backend = parser.parse_args().backend
@@ -52,7 +50,13 @@ def main() -> int:
     for subject, name, count, worst_abs, _, ok in report.summary():
         print(f"  {name:<10} max abs error {worst_abs:.1e} {'ok' if ok else 'MISMATCH'}")
 
-    repo = Path(tempfile.mkdtemp(prefix="xdevice-repo-"))
+    with tempfile.TemporaryDirectory(prefix="xdevice-repo-") as folder:  # removed afterwards
+        return serve(model, report, Path(folder), backend)
+
+
+def serve(model, report, repo: Path, backend: str) -> int:
+    import tritonclient.http as httpclient
+
     print(f"3. export to {repo}/cnn/1/model.onnx")
     result = export(model, repo / "cnn" / "1" / "model.onnx")
     print(f"  opset {result.opset}, verified in ONNX Runtime: max abs error {result.max_abs_error:.1e}")

@@ -35,3 +35,40 @@ def test_devices_machine_only_starts_no_framework():
 def test_an_unknown_command_is_a_usage_error():
     result = _run("devises")
     assert result.returncode == 2 and "invalid choice: 'devises'" in result.stderr
+
+
+def test_version_prints_the_installed_version():
+    result = _run("--version")
+    assert result.returncode == 0 and result.stdout.strip() == f"xdevice {xdevice.__version__}"
+
+
+def test_an_opset_the_installed_onnx_does_not_know_is_a_usage_error_before_any_export():
+    from onnx.defs import onnx_opset_version
+
+    result = _run("export", "mlp", "--backend", "torch", "--opset", "99")
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert f"expected an ONNX opset from 7 to {onnx_opset_version()}" in result.stderr and "got '99'" in result.stderr
+
+
+def test_launching_a_missing_script_says_so_once_and_starts_nothing(tmp_path):
+    result = _run("launch", "--nproc-per-node", "2", str(tmp_path / "missing.py"))
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert result.stderr.count("No training script at that path") == 1 and "can't open file" not in result.stderr
+
+
+def test_the_frameworks_start_up_chatter_is_hidden_unless_verbose():
+    """TensorFlow's C++ logs (oneDNN, CPU feature notes) and absl's warnings before the table."""
+    quiet = _run("devices")
+    assert quiet.returncode == 0 and quiet.stderr.strip() == "", quiet.stderr
+    loud = subprocess.run([sys.executable, "-m", "xdevice", "--verbose", "devices"], capture_output=True, text=True,
+                          timeout=300, env={k: v for k, v in __import__("os").environ.items()
+                                            if k != "TF_CPP_MIN_LOG_LEVEL"})
+    assert loud.returncode == 0 and loud.stdout.splitlines()[0].split()[:2] == ["DEVICE", "NAME"]
+
+
+def test_long_commands_say_what_they_are_doing_on_stderr_and_keep_stdout_clean():
+    """Off a terminal, progress is one plain line per step (a terminal gets a tqdm bar)."""
+    result = _run("parity", "--models", "mlp", "cnn", "--backends", "numpy", "--json")
+    assert result.returncode == 0, result.stderr
+    assert "parity: mlp (1/2)" in result.stderr and "parity: cnn (2/2)" in result.stderr
+    json.loads(result.stdout)  # nothing but the report on stdout

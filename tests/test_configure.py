@@ -80,7 +80,9 @@ def test_a_global_configure_reports_every_backend(run_python):
     (dict(memory_limit=-5), "memory_limit must be positive"),
     (dict(memory_limit=0.5), "must be a number of bytes"),
     (dict(memory_limit="lots"), "memory_limit is not a size"),
-    (dict(memory_limit="4 GiBs"), "Did you mean 'gib'"),
+    (dict(memory_limit="4 GiBs"), r"unknown unit 'gibs'.*Fix: write e.g. memory_limit='4GiB'"),
+    (dict(memory_limit="-1GB"), r"memory_limit must be positive\. Expected more than 0 bytes\. Received: '-1GB'\. Fix"),
+    (dict(memory_limit="1e400GB"), "memory_limit is larger than any machine's memory"),
     (dict(memory_growth="yes"), "memory_growth must be True or False"),
     (dict(cpu_devices=0), "cpu_devices is the number of virtual CPU devices"),
     (dict(cpu_devices="4"), "cpu_devices is the number of virtual CPU devices"),
@@ -103,3 +105,12 @@ def test_memory_limits_parse_units():
     assert parse_bytes("512MiB") == 512 * 2**20
     assert parse_bytes("2 GB") == 2 * 10**9
     assert parse_bytes(4096) == 4096
+
+
+def test_the_report_shows_memory_limits_in_binary_units(run_python):
+    result = run_python("""
+        import xdevice
+        print(xdevice.configure(memory_limit="8GiB", backends=["torch"]))
+    """)
+    assert result.returncode == 0, result.stderr
+    assert "8.0 GiB" in result.stdout and "8589934592" not in result.stdout

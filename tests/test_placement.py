@@ -103,3 +103,15 @@ def test_log_reports_where_each_framework_really_placed_an_array(backend, caplog
             pass
     assert placement.actual[backend.name] == xdevice.device(target)
     assert f"{backend.name} placed a new array on {target}" in caplog.text
+
+
+def test_another_makers_gpu_name_is_read_as_a_gpu_and_the_messages_say_so():
+    """``mps:0`` and ``cuda:1`` are GPUs to xdevice: a fallback or an error quotes the name as
+    written and how it was read, not only the canonical one."""
+    missing = len(xdevice.devices(kind="gpu"))
+    with pytest.warns(DeviceFallbackWarning, match=rf"No device 'mps:{missing}' \(read as gpu:{missing}"):
+        with xdevice.on(f"mps:{missing}"):
+            pass
+    with pytest.raises(DeviceNotFound, match=rf"'cuda:{missing}' \(read as gpu:{missing}.*Received: 'cuda:{missing}'"):
+        with xdevice.on(f"cuda:{missing}", soft=False):
+            pass

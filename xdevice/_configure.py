@@ -25,7 +25,7 @@ import threading
 from xdevice import _registry
 from xdevice._discovery import clear_cache, nvml_gpus, nvml_physical_gpus, visible_gpu_indices
 from xdevice._errors import ConfigurationError, DeviceNotFound, message
-from xdevice._types import Applied, Config, ConfigReport
+from xdevice._types import Applied, Config, ConfigReport, shown
 
 __all__ = ["configure", "current_config"]
 
@@ -121,7 +121,7 @@ def _refuse_unsupported(entries: list[Applied]) -> None:
     if refused:
         first = refused[0]
         raise ConfigurationError(message(
-            f"Backend {first.backend!r} cannot apply {first.setting}={first.value!r}",
+            f"Backend {first.backend!r} cannot apply {first.setting}={shown(first.value, first.setting)}",
             expected="settings this backend supports", received=first.detail,
             fix=f"leave {first.backend!r} out of backends=[...] or drop {first.setting}"))
 

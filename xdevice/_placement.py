@@ -67,17 +67,20 @@ def on(spec: object, soft: bool = True, log: bool = False) -> _On:
     ...     placement.requested
     Device('cpu:0')
     """
-    return _On(device(spec), soft, log)
+    wanted = device(spec)
+    # a spelling that names another kind ("mps:0", "cuda:1") is kept for messages
+    asked = spec if isinstance(spec, str) and spec.strip().lower() not in (str(wanted), wanted.kind) else None
+    return _On(wanted, soft, log, asked)
 
 
 class _On:
     """The context ``on`` returns: a plain class rather than a generator, because entering
     and leaving it is a hot call (the frameworks' own contexts cost a few microseconds)."""
 
-    __slots__ = ("wanted", "soft", "log", "scopes")
+    __slots__ = ("wanted", "soft", "log", "scopes", "asked")
 
-    def __init__(self, wanted: Device, soft: bool, log: bool):
-        self.wanted, self.soft, self.log = wanted, soft, log
+    def __init__(self, wanted: Device, soft: bool, log: bool, asked: str | None = None):
+        self.wanted, self.soft, self.log, self.asked = wanted, soft, log, asked
         self.scopes: list = []
 
     def __enter__(self) -> Placement:
@@ -85,14 +88,14 @@ class _On:
         placement = Placement(requested=wanted)
         active = [b for b in _registry.active_backends() if b.has_default_device]
         if not active and wanted not in devices():
-            _fallback(wanted, "this machine", [str(d) for d in devices()], self.soft)
+            _fallback(wanted, "this machine", [str(d) for d in devices()], self.soft, self.asked)
         scopes = []
         try:
             for backend in active:
                 present = devices(backend=backend.name)
                 target = wanted
                 if wanted not in present:
-                    target = _fallback(wanted, backend.name, [str(d) for d in present], self.soft)
+                    target = _fallback(wanted, backend.name, [str(d) for d in present], self.soft, self.asked)
                 scope = backend.default_device(target)
                 scope.__enter__()
                 scopes.append(scope)
@@ -119,11 +122,12 @@ def _leave(scopes: list, *exc) -> None:
         scope.__exit__(*(exc or (None, None, None)))
 
 
-def _fallback(wanted: Device, where: str, present: list[str], soft: bool) -> Device:
-    what = f"No device {wanted} for {where}"
+def _fallback(wanted: Device, where: str, present: list[str], soft: bool, asked: str | None = None) -> Device:
+    named = f"{asked!r} (read as {wanted}: cuda, rocm and mps are all gpu)" if asked else str(wanted)
+    what = f"No device {named} for {where}"
     if not soft:
         raise DeviceNotFound(message(
-            what, expected="a device that exists", received=str(wanted), choices=present,
+            what, expected="a device that exists", received=asked or str(wanted), choices=present,
             fix="pick one of those, or pass soft=True to fall back to cpu:0"))
     warnings.warn(f"{what} (it has: {', '.join(present)}); running on cpu:0 instead. "
                   "Pass soft=False to make this an error.", DeviceFallbackWarning, stacklevel=4)

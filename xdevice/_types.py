@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from typing import Literal
 
 from xdevice._device import Device, device
-from xdevice._errors import ConfigurationError, message
+from xdevice._errors import ConfigurationError, message, nearest
 
 __all__ = ["Config", "Applied", "ConfigReport", "MemoryStats", "parse_bytes", "format_bytes"]
 
@@ -24,7 +24,11 @@ How = Literal["enforced", "pool", "advisory", "applied", "skipped", "unsupported
 
 _UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
           "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
-_SIZE = re.compile(r"^\s*(?P<number>\d+(?:\.\d+)?)\s*(?P<unit>[a-z]*)\s*$")
+_SIZE = re.compile(r"^\s*(?P<number>[-+]?\d+(?:\.\d+)?(?:e[-+]?\d+)?)\s*(?P<unit>[a-z]*)\s*$")
+
+
+_SPELLING = {"b": "B", "kb": "kB", "mb": "MB", "gb": "GB", "tb": "TB", "kib": "KiB", "mib": "MiB", "gib": "GiB",
+             "tib": "TiB"}
 
 
 def parse_bytes(value: int | str, what: str = "memory_limit") -> int:
@@ -42,12 +46,21 @@ def parse_bytes(value: int | str, what: str = "memory_limit") -> int:
         number = value
     else:
         match = _SIZE.match(value.lower())
-        if match is None or match["unit"] not in _UNITS:
+        if match is None:
             raise ConfigurationError(message(
-                f"{what} is not a size", expected="a number with an optional unit",
-                received=value, choices=[u for u in _UNITS if u],
-                fix=f"write e.g. {what}='4GiB'"))
-        number = int(float(match["number"]) * _UNITS[match["unit"]])
+                f"{what} is not a size", expected="a number with an optional unit (B, kB, MB, GB, TB, KiB, MiB, "
+                "GiB, TiB)", received=value, fix=f"write e.g. {what}='4GiB'"))
+        if match["unit"] not in _UNITS:
+            close = nearest(match["unit"], [u for u in _UNITS if u])
+            raise ConfigurationError(message(
+                f"{what} has an unknown unit {match['unit']!r}", expected="B, kB, MB, GB, TB, KiB, MiB, GiB or TiB "
+                "(any case)", received=value,
+                fix=f"write e.g. {what}='{match['number']}{_SPELLING.get(close, 'GiB')}'"))
+        amount = float(match["number"]) * _UNITS[match["unit"]]
+        if not amount < 2**63:  # inf or past any machine: int() would fail, or overflow a framework's int64
+            raise ConfigurationError(message(f"{what} is larger than any machine's memory", received=value,
+                                             fix=f"write e.g. {what}='4GiB'"))
+        number = int(amount)
     if number <= 0:
         raise ConfigurationError(message(
             f"{what} must be positive", expected="more than 0 bytes", received=value,
@@ -141,7 +154,7 @@ class ConfigReport(list):
 
     def __str__(self) -> str:
         rows = [("backend", "setting", "value", "how", "detail")]
-        rows += [(a.backend, a.setting, _show(a.value), a.how, a.detail) for a in self]
+        rows += [(a.backend, a.setting, shown(a.value, a.setting), a.how, a.detail) for a in self]
         widths = [max(len(r[i]) for r in rows) for i in range(4)]
         return "\n".join("  ".join(c.ljust(w) for c, w in zip(r[:4], widths)) + "  " + r[4]
                          for r in rows)
@@ -154,7 +167,10 @@ class ConfigReport(list):
         return None
 
 
-def _show(value: object) -> str:
+def shown(value: object, setting: str = "") -> str:
+    """A setting's value as the report prints it (memory limits in binary units)."""
+    if setting == "memory_limit" and isinstance(value, int):
+        return format_bytes(value)
     if isinstance(value, tuple):
         return ",".join(str(v) for v in value)
     if isinstance(value, Mapping):

@@ -13,6 +13,7 @@ from xdevice import _registry
 from xdevice._device import Device
 from xdevice._discovery import devices, machine_devices
 from xdevice._errors import XDeviceError
+from xdevice._progress import progress, step
 from xdevice._types import format_bytes
 
 __all__ = ["main", "build_parser"]
@@ -21,6 +22,8 @@ __all__ = ["main", "build_parser"]
 def main(argv: list[str] | None = None) -> int:
     """Run the command line; returns the exit status."""
     args = build_parser().parse_args(argv)
+    if not args.verbose:
+        _quiet_frameworks()
     try:
         return args.run(args)
     except XDeviceError as error:
@@ -30,7 +33,13 @@ def main(argv: list[str] | None = None) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     """Every subcommand and its flags (deployment manifests are checked against it)."""
-    parser = argparse.ArgumentParser(prog="xdevice", description=__doc__.splitlines()[0])
+    from xdevice import __version__
+
+    parser = argparse.ArgumentParser(prog="xdevice", description="Devices, parity, ONNX export and import, "
+                                     "serving and training on PyTorch, JAX and TensorFlow.")
+    parser.add_argument("--version", action="version", version=f"xdevice {__version__}")
+    parser.add_argument("--verbose", action="store_true",
+                        help="let the frameworks log as they like (by default their start-up chatter is hidden)")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     listing = commands.add_parser("devices", help="one table of devices and which framework sees each")
@@ -61,7 +70,7 @@ def build_parser() -> argparse.ArgumentParser:
     out.add_argument("--backend", required=True, choices=["torch", "tensorflow", "jax"],
                      help="the framework whose exporter writes the model")
     out.add_argument("--output", default=None, metavar="PATH", help="where to write it (default: MODEL.onnx)")
-    out.add_argument("--opset", type=int, default=18, help="the ONNX opset to ask for (default: 18)")
+    out.add_argument("--opset", type=_opset, default=18, help="the ONNX opset to ask for (default: 18)")
     out.add_argument("--static-batch", action="store_true", help="fix the batch size (default: dynamic)")
     out.add_argument("--dynamic-axis", action="append", default=[], metavar="AXIS=NAME", type=_named_axis,
                      help="keep another axis of every input symbolic, e.g. 1=seq (repeatable)")
@@ -166,11 +175,32 @@ def _parity(args: argparse.Namespace) -> int:
     for name in args.backends or []:
         _registry.backend(name)
     report = ParityReport(dtype=args.dtype)
-    for name in names:
+    for name in progress(names, "parity"):
         report += parity(name, backends=args.backends, grads=args.grads, dtype=args.dtype,
                          batch=args.batch)
     print(report.to_json() if args.json else report.to_markdown() if args.markdown else report)
     return 0 if report.ok else 1
+
+
+def _quiet_frameworks() -> None:
+    """Hide the frameworks' start-up chatter (TensorFlow's C++ and absl logs, XLA's), unless
+    the user set those levels already or passed --verbose."""
+    import os
+
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
+    os.environ.setdefault("GLOG_minloglevel", "3")
+
+
+def _opset(text: str) -> int:
+    """An ONNX opset the installed onnx knows (7 up to its newest): checked before any export."""
+    from onnx.defs import onnx_opset_version
+
+    newest = onnx_opset_version()
+    if not text.isdigit() or not 7 <= int(text) <= newest:
+        raise argparse.ArgumentTypeError(f"expected an ONNX opset from 7 to {newest} (the installed onnx's newest), "
+                                         f"got {text!r}")
+    return int(text)
 
 
 def _named_axis(text: str) -> tuple[int, str]:
@@ -190,6 +220,7 @@ def _export(args: argparse.Namespace) -> int:
         model, stem = models.load(args.model, backend=args.backend), Path(args.model).stem
     else:
         model, stem = models.build(args.model, backend=args.backend), args.model
+    step(f"exporting {model.name} from {args.backend} and verifying it in ONNX Runtime")
     result = export(model, args.output or f"{stem}.onnx", example_inputs=model.example_input(args.batch),
                     opset=args.opset, dynamic_batch=not args.static_batch,
                     dynamic_axes=dict(args.dynamic_axis), verify=not args.no_verify)
@@ -200,6 +231,7 @@ def _export(args: argparse.Namespace) -> int:
 def _convert(args: argparse.Namespace) -> int:
     from xdevice.converters.formats import convert_model
 
+    step(f"converting {args.model} to {args.to}'s own format")
     result = convert_model(args.model, args.to, args.output)
     batch = "dynamic batch" if result.dynamic_batch else "fixed batch"
     print(f"wrote {result.path} ({args.to}, {batch}, {result.seconds:.1f} s)")
@@ -216,7 +248,7 @@ def _conformance(args: argparse.Namespace) -> int:
     names = args.backend or _registry.backends()
     if len(names) > 1:  # one process per backend: JAX's suite needs 64-bit types process-wide
         status = 0
-        for name in names:
+        for name in progress(names, "conformance"):
             command = [sys.executable, "-m", "xdevice", "conformance", "--backend", name]
             command += (["--pattern", args.pattern] if args.pattern else []) + \
                 (["--modules", *args.modules] if args.modules else []) + \

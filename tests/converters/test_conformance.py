@@ -34,3 +34,15 @@ def test_the_curated_onnx_node_tests_all_pass(backend):
     failed = {test: f"{state}: {outcome['reason'].get(test, '')}"
               for test, state in outcome["status"].items() if state != "pass"}
     assert not failed, f"{len(failed)} of {len(CURATED)} failed on {backend.name}: {failed}"
+
+
+def test_the_conformance_command_prints_its_summary_and_no_warnings_from_onnx():
+    """Building ONNX's cases runs its reference code, which overflows on purpose: those
+    RuntimeWarnings (11 of them) are not the user's business."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-m", "xdevice", "conformance", "--backend", "numpy", "--pattern",
+                           "test_abs_cpu"], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "numpy: 1 passed, 0 failed" in done.stdout and "RuntimeWarning" not in done.stderr, done.stderr

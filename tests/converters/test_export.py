@@ -290,3 +290,22 @@ def test_the_export_command_keeps_named_axes_dynamic_and_verifies_at_other_sizes
                      result.stdout), result.stdout
     wrong = _run("export", "transformer", "--backend", "torch", "--dynamic-axis", "seq")
     assert wrong.returncode == 2 and "expected AXIS=NAME such as 1=seq, got 'seq'" in wrong.stderr
+
+
+def test_example_inputs_the_model_cannot_take_are_reported_before_any_exporter_runs(exporter):
+    """A wrong shape or dtype: the model's own one-line complaint, the inputs received, and
+    nothing from inside a tracer (torch.export used to log 19 lines of fake-tensor internals)."""
+    if exporter.name == "torch":
+        import torch
+
+        model = torch.nn.Sequential(torch.nn.Linear(8, 4))
+    elif exporter.name == "tensorflow":
+        keras = pytest.importorskip("keras")
+        model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(4)])
+    else:
+        import jax.numpy as jnp
+
+        model = (lambda params, x: x @ params["w"], {"w": jnp.ones((8, 4))})
+    with pytest.raises(ConversionError, match=r"The model fails on its example inputs.*(5|shape).*"
+                                              r"Received: 'input: float32\[2, 5\]'"):
+        export(model, example_inputs=np.ones((2, 5), np.float32))

@@ -72,6 +72,12 @@ def launch(script: str, args: list[str], nproc_per_node: int, **options) -> int:
     """Run ``python script args...`` in ``nproc_per_node`` processes; the first failure's exit code."""
     from xdevice._discovery import nvml_physical_gpus, visible_gpu_indices
 
+    if not os.path.isfile(script):  # before any process starts: one message, not one per rank
+        from xdevice._errors import ConfigurationError, message
+
+        raise ConfigurationError(message("No training script at that path", expected="a Python file",
+                                         received=os.path.abspath(script),
+                                         fix="check the path (relative to where xdevice launch runs)"))
     gpus = visible_gpu_indices([uuid for uuid, _ in nvml_physical_gpus()])
     processes = [subprocess.Popen([sys.executable, script, *args], env={**os.environ, **env})
                  for env in environments(nproc_per_node, gpus=gpus, **options)]
