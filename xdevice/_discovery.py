@@ -104,7 +104,8 @@ def find(spec: object, backend: str | None = None) -> Device:
     raise DeviceNotFound(message(
         f"No device {wanted} on {seen_by}", expected="one of the devices that exist",
         received=str(spec), choices=[str(d) for d in present],
-        fix="pick one of those, or use xdevice.on(..., soft=True) to fall back to the CPU"))
+        fix="pass one of those (xdevice.devices() lists them); only xdevice.on(..., soft=True) falls back "
+            "to the CPU by itself"))
 
 
 def machine_devices() -> list[Device]:

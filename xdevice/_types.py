@@ -57,14 +57,14 @@ def parse_bytes(value: int | str, what: str = "memory_limit") -> int:
                 "(any case)", received=value,
                 fix=f"write e.g. {what}='{match['number']}{_SPELLING.get(close, 'GiB')}'"))
         amount = float(match["number"]) * _UNITS[match["unit"]]
-        if not amount < 2**63:  # inf or past any machine: int() would fail, or overflow a framework's int64
-            raise ConfigurationError(message(f"{what} is larger than any machine's memory", received=value,
-                                             fix=f"write e.g. {what}='4GiB'"))
-        number = int(amount)
+        number = int(max(min(amount, 2**63), -1))  # inf or past any machine: refused below
     if number <= 0:
         raise ConfigurationError(message(
             f"{what} must be positive", expected="more than 0 bytes", received=value,
             fix=f"leave {what} unset for no limit"))
+    if number >= 2**63:  # past any machine, and past the frameworks' int64 sizes
+        raise ConfigurationError(message(f"{what} is larger than any machine's memory", received=value,
+                                         fix=f"write e.g. {what}='4GiB'"))
     return number
 
 
