@@ -166,3 +166,23 @@ def test_history_plots_the_loss_curves_as_png(tmp_path):
     path = history.plot(str(tmp_path / "loss.png"))
     assert (tmp_path / "loss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert path.endswith("loss.png")
+
+
+@pytest.mark.parametrize("x, match", [
+    (np.ones((10, 5), np.float32), r"x does not have the shape of the model's input\. Expected float32\[rows, 784\]\. "
+                                   r"Received: 'float32\[10, 5\]'\. Fix: reshape x to \(rows, 784\)"),
+    (np.ones((10, 784), np.float64), r"x does not have the dtype of the model's input\. Expected float32\[rows, 784\]"
+                                     r"\. Received: 'float64\[10, 784\]'\. Fix: x\.astype\('float32'\)"),
+])
+def test_data_a_zoo_model_cannot_take_is_refused_before_any_step(backend, x, match):
+    model = models.build("mlp", backend=backend.name, seed=0)
+    before = model.numpy_params()
+    with pytest.raises(ConfigurationError, match=match):
+        fit(model, (x, np.zeros(10, np.int64)), epochs=1, verbose=False)
+    assert all(np.array_equal(before[k], v) for k, v in model.numpy_params().items())  # nothing trained
+
+
+def test_a_float64_model_takes_float64_data():
+    model = models.build("mlp", backend="numpy", seed=0).to(dtype="float64")
+    x = np.random.default_rng(0).normal(size=(8, 784))
+    fit(model, (x, np.zeros(8, np.int64)), epochs=1, verbose=False)

@@ -65,6 +65,7 @@ class Trainer:
             raise ConfigurationError(message("Pass one of device=, devices= (data parallel) or stages= "
                                              "(model parallel)", received=chosen))
         self.program = staged(model, list(stages)) if stages else program(model, devices[0] if devices else device)
+        self.declared = _declared_input(model)
         self.program.set_precision(precision)
         self.backend, self.ops = self.program.backend, self.program.ops
         self.loss_name = loss if isinstance(loss, str) else getattr(loss, "__name__", "loss")
@@ -138,6 +139,7 @@ class Trainer:
         Returns:
             ``History`` (``history.model`` is the trained object).
         """
+        _check_input(self.declared, data)
         source = as_batches(data, batch_size, shuffle, seed)
         self.seed = seed
         progress = Progress(epochs, verbose)
@@ -258,6 +260,40 @@ class Trainer:
 
     def _float(self, value: Any) -> float:
         return float(self.ops.to_numpy(value))
+
+
+def _declared_input(model: Any) -> Any:
+    """A zoo model's example input (one row): the shape and dtype its ``x`` must have."""
+    from xdevice import models
+
+    if not isinstance(model, models.Model):
+        return None
+    example = model.example_input(1)
+    if example.dtype.kind == "f" and model.params:  # float inputs come in the weights' dtype (a float64 model)
+        example = example.astype(model.ops.dtype(next(iter(model.params.values()))))
+    return example
+
+
+def _check_input(declared: Any, data: Any) -> None:
+    """``x`` of ``(x, y)`` arrays against what a zoo model takes, before any framework runs:
+    rows of the model's shape (token ids: its rank), and its dtype."""
+    if declared is None or not isinstance(data, tuple) or not data or not hasattr(data[0], "shape"):
+        return
+    import numpy as np
+
+    x = data[0]
+    tokens = np.issubdtype(declared.dtype, np.integer)
+    want = f"{declared.dtype}[rows, {', '.join(map(str, declared.shape[1:]))}]"
+    got = f"{np.dtype(getattr(x, 'dtype', 'float32')).name}{list(x.shape)}"
+    if len(x.shape) != declared.ndim or (not tokens and tuple(x.shape[1:]) != declared.shape[1:]):
+        raise ConfigurationError(message(
+            "x does not have the shape of the model's input", expected=want, received=got,
+            fix=f"reshape x to (rows, {', '.join(map(str, declared.shape[1:]))}); model.example_input(n) shows one"))
+    kind = np.dtype(getattr(x, "dtype", "float32"))
+    if (tokens and not np.issubdtype(kind, np.integer)) or (not tokens and kind != declared.dtype):
+        raise ConfigurationError(message(
+            "x does not have the dtype of the model's input", expected=want, received=got,
+            fix=f"x.astype({declared.dtype.name!r})"))
 
 
 def fit(model: Any, data: Any, *, loss: str | Callable = "cross_entropy", optimizer: str | Optimizer = "adam",
