@@ -204,18 +204,25 @@ def _inference(module: torch.nn.Module) -> Iterator[None]:
 
 @contextlib.contextmanager
 def _quiet() -> Iterator[None]:
-    """Silence torch's own deprecation notices and its 'torchvision is not installed' log
-    lines while exporting: they are about torch internals, not the user's model."""
-    registry = logging.getLogger("torch.onnx._internal.exporter._registration")
-    level = registry.level
-    registry.setLevel(logging.ERROR)
+    """Silence torch's own deprecation notices and log lines while exporting (torchvision not
+    installed, fake-tensor tracebacks, onnx_ir's serializer notes): they are about torch
+    internals, not the user's model."""
+    # torch's exporter logs, and fake tensors log every failed meta kernel with its traceback
+    # (the error itself reaches the user once, as a ConversionError with its one-line cause)
+    loggers = [logging.getLogger(name) for name in ("torch.onnx._internal.exporter._registration",
+                                                    "torch._subclasses.fake_tensor", "onnx_ir.serde",
+                                                    "torch.fx.experimental.symbolic_shapes")]
+    levels = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(logging.CRITICAL)
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", FutureWarning)
             warnings.simplefilter("ignore", DeprecationWarning)
             yield
     finally:
-        registry.setLevel(level)
+        for logger, level in zip(loggers, levels):
+            logger.setLevel(level)
 
 
 def _translations() -> dict[Any, Any]:
