@@ -25,7 +25,7 @@ demo: $(STAMP)
 	$(BIN)/python examples/serve_end_to_end.py
 
 test: $(STAMP)
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest --durations=25
 
 # The whole real-model suite (tests/realworld: transformers, keras.applications, Flax, equinox);
 # `make test` runs its smoke cases only.
