@@ -61,6 +61,35 @@ def test_every_command_of_the_readme_runs_as_written(line, command, folder):
     if not (folder / "net.onnx").exists():
         pytest.skip("runs after the Python blocks, which write net.onnx")
     args = shlex.split(command)[1:]
+    if args[0] == "serve":  # runs until stopped: it must become ready, then it is stopped (on a free port)
+        _serves(line, args, folder)
+        return
     done = subprocess.run([sys.executable, "-m", "xdevice", *args], cwd=folder, capture_output=True,
                           text=True, timeout=600, env=ENV)
     assert done.returncode == 0, f"README line {line} ({command}) failed:\n{done.stderr[-3000:]}"
+
+
+def _serves(line: int, args: list[str], folder: Path) -> None:
+    import socket
+    import time
+    import urllib.request
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    server = subprocess.Popen([sys.executable, "-m", "xdevice", *args, "--port", str(port), "--grpc-port", "0"],
+                              cwd=folder, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and server.poll() is None:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/v2/health/ready", timeout=2) as answer:
+                    if answer.status == 200:
+                        return
+            except OSError:
+                time.sleep(0.5)
+        pytest.fail(f"README line {line}: xdevice serve never became ready")
+    finally:
+        server.terminate()
+        out = server.communicate(timeout=60)[0]
+        assert "Traceback" not in out, out[-3000:]
