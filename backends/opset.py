@@ -571,6 +571,20 @@ class Ops(abc.ABC):
             new_params.append(self.subtract(param, self.multiply(grad, lr)))
         return new_params, new_buffers if momentum else None
 
+    def clip_by_global_norm(self, grads: list[Array], max_norm: float) -> list[Array]:
+        """``grads`` scaled by ``min(1, max_norm / (norm + 1e-6))``, ``norm`` the L2 norm of them
+        all together: ``torch.nn.utils.clip_grad_norm_``'s rule."""
+        if not grads:
+            return grads
+        squares = [self.sum(self.square(self.cast(g, "float32") if self.dtype(g) in _HALF else g)) for g in grads]
+        total = self.sqrt(functools.reduce(self.add, squares))
+        scale = self.minimum(self.divide(max_norm, self.add(total, 1e-6)), 1.0)
+        return [self.multiply(g, self.cast(scale, self.dtype(g))) for g in grads]  # one scale, any dtype
+
+    def clip_by_value(self, grads: list[Array], limit: float) -> list[Array]:
+        """Each gradient element clamped to ``[-limit, limit]``: ``clip_grad_value_``'s rule."""
+        return [self.clip(g, -limit, limit) for g in grads]
+
     def adam_update(self, params: list[Array], grads: list[Array], m: list[Array], v: list[Array],
                     step: Array, *, lr: float, beta1: float, beta2: float, eps: float,
                     weight_decay: float = 0.0, decoupled: bool = False, inplace: bool = False

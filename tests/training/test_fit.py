@@ -186,3 +186,64 @@ def test_a_float64_model_takes_float64_data():
     model = models.build("mlp", backend="numpy", seed=0).to(dtype="float64")
     x = np.random.default_rng(0).normal(size=(8, 784))
     fit(model, (x, np.zeros(8, np.int64)), epochs=1, verbose=False)
+
+
+@pytest.mark.parametrize("clip", [{"clip_norm": 0.05}, {"clip_value": 0.002}, {"clip_norm": 0.05, "clip_value": 0.02}])
+def test_gradient_clipping_does_what_torch_nn_utils_does(clip):
+    """The same steps as a torch loop with clip_grad_value_ then clip_grad_norm_ before
+    torch.optim.SGD (limits small enough that every step is clipped)."""
+    torch = pytest.importorskip("torch")
+    x, y = data()
+    model = models.build("mlp", backend="torch", seed=1, **SMALL_MLP)
+    module = models.to_native(model, "torch")
+    native = torch.optim.SGD(module.parameters(), lr=0.5)
+    expected, clipped = [], 0
+    for start in range(0, 80, 8):
+        loss = torch.nn.functional.cross_entropy(module(torch.as_tensor(x[start:start + 8])),
+                                                 torch.as_tensor(y[start:start + 8]))
+        native.zero_grad()
+        loss.backward()
+        if "clip_value" in clip:
+            torch.nn.utils.clip_grad_value_(module.parameters(), clip["clip_value"])
+        if "clip_norm" in clip:
+            norm = torch.nn.utils.clip_grad_norm_(module.parameters(), clip["clip_norm"])
+            clipped += int(norm > clip["clip_norm"])
+        native.step()
+        expected.append(loss.item())
+    assert "clip_norm" not in clip or clipped >= 5  # the limit really bites
+    history = fit(model, (x, y), optimizer="sgd", lr=0.5, batch_size=8, shuffle=False, verbose=0, **clip)
+    np.testing.assert_allclose(history.steps, expected, rtol=1e-5, atol=1e-6)
+    trained = {k: v.detach().numpy() for k, v in module.state_dict().items()}
+    for key, value in model.numpy_params().items():
+        np.testing.assert_allclose(value, trained[key], rtol=1e-5, atol=1e-6)
+
+
+def test_clipping_gives_the_same_steps_on_every_backend(backend):
+    x, y = data()
+    runs = {}
+    for name in ("numpy", backend.name):
+        history = fit(models.build("mlp", backend=name, seed=1, **SMALL_MLP), (x, y), optimizer="adam", lr=0.01,
+                      batch_size=8, shuffle=False, verbose=0, clip_norm=0.05, clip_value=0.01)
+        runs[name] = history.steps
+    np.testing.assert_allclose(runs[backend.name], runs["numpy"], rtol=1e-4, atol=1e-5)
+    unclipped = fit(models.build("mlp", backend="numpy", seed=1, **SMALL_MLP), (x, y), optimizer="adam", lr=0.01,
+                    batch_size=8, shuffle=False, verbose=0).steps
+    assert not np.allclose(unclipped, runs["numpy"])  # clipping changed the run
+
+
+def test_a_clip_limit_that_is_not_a_positive_number_is_refused():
+    with pytest.raises(ConfigurationError, match=r"clip_norm is a positive number.*Received: -1"):
+        Trainer(models.build("mlp", backend="numpy", **SMALL_MLP), clip_norm=-1)
+
+
+def test_epochs_is_a_total_and_asking_for_one_already_reached_says_so(tmp_path):
+    x, y = data()
+    trainer = Trainer(models.build("mlp", backend="numpy", seed=1, **SMALL_MLP), optimizer="sgd")
+    trainer.fit((x, y), epochs=2, batch_size=8, verbose=0, checkpoint_dir=str(tmp_path))
+    resumed = Trainer(models.build("mlp", backend="numpy", seed=1, **SMALL_MLP), optimizer="sgd").load(str(tmp_path))
+    with pytest.warns(UserWarning, match=r"already completed 2 epoch\(s\), and epochs=2 is the total.*"
+                                         r"fit\(data, epochs=4\) trains 2 more"):
+        history = resumed.fit((x, y), epochs=2, batch_size=8, verbose=0)
+    assert resumed.step_count == trainer.step_count and len(history.epochs) == 2
+    resumed.fit((x, y), epochs=3, batch_size=8, verbose=0)
+    assert resumed.epoch == 3 and resumed.step_count == trainer.step_count + 10

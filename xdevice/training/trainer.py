@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import inspect
 import time
+import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -54,12 +55,16 @@ class Trainer:
         precision: ``"float32"``, or ``"bfloat16"`` compute with float32 master weights.
         metrics: names or ``f(ops, outputs, targets)``; reported per epoch.
         jit: compile the step (JAX, TensorFlow).
+        clip_norm, clip_value: clip the gradients by their global L2 norm and/or elementwise by
+            value before the optimizer's step, as ``torch.nn.utils.clip_grad_norm_`` /
+            ``clip_grad_value_`` do (value first when both are given).
     """
 
     def __init__(self, model: Any, loss: str | Callable = "cross_entropy", optimizer: str | Optimizer = "adam",
                  *, device: Any = None, devices: Sequence[Any] | None = None,
                  stages: Sequence[Any] | None = None, precision: str = "float32",
-                 metrics: Sequence[str | Callable] = ("accuracy",), jit: bool = True, **optimizer_options: Any):
+                 metrics: Sequence[str | Callable] = ("accuracy",), jit: bool = True,
+                 clip_norm: float | None = None, clip_value: float | None = None, **optimizer_options: Any):
         chosen = {k: v for k, v in (("device", device), ("devices", devices), ("stages", stages)) if v is not None}
         if len(chosen) > 1:
             raise ConfigurationError(message("Pass one of device=, devices= (data parallel) or stages= "
@@ -74,6 +79,11 @@ class Trainer:
             metrics = [m for m in metrics if m != "accuracy"]  # accuracy needs class labels
         self.metrics = {m if isinstance(m, str) else getattr(m, "__name__", f"metric{i}"): metric_function(m)
                         for i, m in enumerate(metrics)}
+        for name, limit in (("clip_norm", clip_norm), ("clip_value", clip_value)):
+            if limit is not None and (isinstance(limit, bool) or not isinstance(limit, (int, float)) or limit <= 0):
+                raise ConfigurationError(message(f"{name} is a positive number", received=limit,
+                                                 fix=f"e.g. {name}=1.0, or leave it out for no clipping"))
+        self.clip_norm, self.clip_value = clip_norm, clip_value
         self.optimizer = make_optimizer(optimizer, **optimizer_options)
         jit = jit and self.program.compiles_whole  # a split model compiles stage by stage
         compile_ = self.backend.jit if jit else (lambda f: f)
@@ -100,9 +110,21 @@ class Trainer:
 
         (loss, (buffers, out)), grads = replicas.value_and_grad(objective, params)  # the global batch's
         loss = replicas.sum(loss)  # mean gradient and loss
+        grads = self._clipped(grads)
         params, state = self.optimizer.update(ops, params, grads, state, inplace=True)  # old values unused
         metrics = {k: replicas.sum(ops.multiply(f(ops, out, y), weight)) for k, f in self.metrics.items()}
         return params, buffers, state, loss, metrics
+
+    def _clipped(self, grads: dict) -> dict:
+        """Gradient clipping as torch.nn.utils does it: by value first, then by global norm."""
+        if self.clip_value is None and self.clip_norm is None:
+            return grads
+        names, values = list(grads), list(grads.values())
+        if self.clip_value is not None:
+            values = self.ops.clip_by_value(values, self.clip_value)
+        if self.clip_norm is not None:
+            values = self.ops.clip_by_global_norm(values, self.clip_norm)
+        return dict(zip(names, values))
 
     def _eval_step(self, params, buffers, x, y):
         out, _ = self.program.forward(params, buffers, x, False)
@@ -140,6 +162,12 @@ class Trainer:
             ``History`` (``history.model`` is the trained object).
         """
         _check_input(self.declared, data)
+        if self.epoch >= epochs:  # epochs is a total: a resumed run that reached it has nothing to do
+            warnings.warn(message(
+                f"Nothing to train: this trainer has already completed {self.epoch} epoch(s), and epochs={epochs} "
+                "is the total to reach, not a number to add",
+                fix=f"fit(data, epochs={self.epoch + epochs}) trains {epochs} more"), UserWarning, stacklevel=2)
+            return self.history
         source = as_batches(data, batch_size, shuffle, seed)
         self.seed = seed
         progress = Progress(epochs, verbose)
