@@ -27,10 +27,11 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(BIN)/python -m pytest --durations=25
 
-# The whole real-model suite (tests/realworld: transformers, keras.applications, Flax, equinox);
-# `make test` runs its smoke cases only.
+# The longer sets behind the realworld marker: the whole real-model suite (tests/realworld:
+# transformers, keras.applications, Flax, equinox), the rest of the conversion matrix and JAX's
+# run of the ONNX conformance list; `make test` runs their smoke cases only.
 test-models: $(STAMP)
-	$(BIN)/python -m pytest tests/realworld -m "realworld or not realworld"
+	$(BIN)/python -m pytest -m realworld --durations=25
 
 # On a GPU machine with this repository installed in its own Python (the lent GPU box has
 # no registry access), run `make test-gpu VENV_PYTHON=python3`.

@@ -27,9 +27,16 @@ def _onnxruntime(proto, x):
     return session.run(None, {session.get_inputs()[0].name: x})[0]
 
 
+#: `make test` runs one source per model, every source at least once; `make test-models` (the
+#: realworld marker) runs the rest of the matrix
+QUICK = {("mlp", "torch"), ("cnn", "tensorflow"), ("resnet", "jax"), ("lstm", "tensorflow"), ("transformer", "torch")}
+CASES = [pytest.param(name, source, id=f"{name}-{source}",
+                      marks=() if (name, source) in QUICK else pytest.mark.realworld)
+         for name in models.NAMES for source in SOURCES]
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("source", SOURCES)
-@pytest.mark.parametrize("name", list(models.NAMES))
+@pytest.mark.parametrize("name, source", CASES)
 def test_every_zoo_model_goes_from_each_framework_through_onnx_into_every_target(name, source):
     model = models.build(name, seed=0, backend=source)
     result = export(model, example_inputs=model.example_input(4, seed=1))
