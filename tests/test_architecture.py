@@ -21,7 +21,8 @@ def lint(tmp_path: Path, extra: dict[str, str] | None = None) -> subprocess.Comp
     lines appended to some of its files."""
     package = tmp_path / "xdevice"
     ignore = shutil.ignore_patterns("__pycache__")
-    shutil.copytree(ROOT / "xdevice", package, ignore=ignore)
+    # xdevice/backends and xdevice/converters are links to the top-level folders: copied below, writable
+    shutil.copytree(ROOT / "xdevice", package, ignore=shutil.ignore_patterns("__pycache__", "backends", "converters"))
     shutil.copytree(ROOT / "backends", package / "backends", ignore=ignore)
     shutil.copytree(ROOT / "converters", package / "converters", ignore=ignore)
     for path, line in (extra or {}).items():

@@ -8,7 +8,6 @@ first use. The public API is re-exported here from private modules.
 True
 """
 
-from xdevice import _checkout  # noqa: F401 - first: a source checkout finds backends/ and converters/
 from xdevice import backends  # the callable package: xdevice.backends() lists installed ones
 from xdevice._configure import configure
 from xdevice._device import Device, device

@@ -185,7 +185,11 @@ def test_data_a_zoo_model_cannot_take_is_refused_before_any_step(backend, x, mat
 def test_a_float64_model_takes_float64_data():
     model = models.build("mlp", backend="numpy", seed=0).to(dtype="float64")
     x = np.random.default_rng(0).normal(size=(8, 784))
-    fit(model, (x, np.zeros(8, np.int64)), epochs=1, verbose=False)
+    before = model.numpy_params()
+    history = fit(model, (x, np.zeros(8, np.int64)), epochs=1, verbose=False)
+    after = model.numpy_params()
+    assert np.isfinite(history.steps).all() and all(v.dtype == np.float64 for v in after.values())
+    assert any(not np.array_equal(before[k], after[k]) for k in before)  # it trained, in float64
 
 
 @pytest.mark.parametrize("clip", [{"clip_norm": 0.05}, {"clip_value": 0.002}, {"clip_norm": 0.05, "clip_value": 0.02}])
