@@ -93,6 +93,12 @@ def _is_half_array(ops: Any, value: Any) -> bool:
     return value is not None and not isinstance(value, (int, float, bool)) and ops.dtype(value) in _HALF
 
 
+def _in_dtype(ops: Any, lr: Any, dtype: str) -> Any:
+    """A learning rate for parameters of ``dtype``: a number as it is, a scalar array (a
+    schedule's rate inside a compiled step) cast to that dtype."""
+    return lr if isinstance(lr, (int, float)) else ops.cast(lr, dtype)
+
+
 def masked_score(dtype: str) -> float:
     """The score a masked attention position gets: finite, so a fully masked row stays
     finite and attends uniformly; float16 cannot hold -1e9."""
@@ -562,13 +568,14 @@ class Ops(abc.ABC):
         new_params, new_buffers = [], []
         for i, (param, grad) in enumerate(zip(params, grads)):
             grad = self.cast(grad, self.dtype(param))
+            rate = _in_dtype(self, lr, self.dtype(param))
             if weight_decay:
                 grad = self.add(grad, self.multiply(param, weight_decay))
             if momentum:
                 buffer = self.add(self.multiply(buffers[i], momentum), grad)
                 new_buffers.append(buffer)
                 grad = self.add(grad, self.multiply(buffer, momentum)) if nesterov else buffer
-            new_params.append(self.subtract(param, self.multiply(grad, lr)))
+            new_params.append(self.subtract(param, self.multiply(grad, rate)))
         return new_params, new_buffers if momentum else None
 
     def clip_by_global_norm(self, grads: list[Array], max_norm: float) -> list[Array]:
@@ -602,15 +609,17 @@ class Ops(abc.ABC):
                                       self.subtract(one, self.power(self.asarray(beta2, dtype), t)))
             correction1, correction2 = corrections[dtype]
             grad = self.cast(grad, dtype)
+            rate = _in_dtype(self, lr, dtype)
             if weight_decay and decoupled:
-                param = self.multiply(param, 1 - lr * weight_decay)
+                param = self.multiply(param, 1 - lr * weight_decay if isinstance(lr, (int, float))
+                                      else self.subtract(1.0, self.multiply(rate, weight_decay)))
             elif weight_decay:
                 grad = self.add(grad, self.multiply(param, weight_decay))
             m_i = self.add(self.multiply(m_i, beta1), self.multiply(grad, 1 - beta1))
             v_i = self.add(self.multiply(v_i, beta2), self.multiply(self.square(grad), 1 - beta2))
             # PyTorch's order of operations: lr / c1 * m / (sqrt(v) / sqrt(c2) + eps)
             denominator = self.add(self.divide(self.sqrt(v_i), self.sqrt(correction2)), eps)
-            change = self.multiply(self.divide(self.asarray(lr, dtype), correction1), self.divide(m_i, denominator))
+            change = self.multiply(self.divide(self.asarray(rate, dtype), correction1), self.divide(m_i, denominator))
             new_params.append(self.subtract(param, change))
             new_m.append(m_i)
             new_v.append(v_i)

@@ -10,7 +10,7 @@ A *program* is the one shape every model takes inside the trainer: trainable ``p
 ``forward(params, buffers, x, train) -> (outputs, buffers)``, and ``write_back`` to put trained
 values into the user's own object. ``precision="bfloat16"`` casts params and inputs to bfloat16
 inside ``forward`` and the outputs back to float32, so gradients reach the float32 master
-weights.
+weights; ``precision="float16"`` does the same in float16 (the trainer then scales the loss).
 
 A *replicas* object is what the step (and a custom loop) asks about placement and agreement;
 the step stays the same on one device, several, or several processes:
@@ -37,7 +37,7 @@ from xdevice._errors import ConfigurationError, message
 
 __all__ = ["PRECISIONS", "Program", "Replicas"]
 
-PRECISIONS = ("float32", "bfloat16")
+PRECISIONS = ("float32", "bfloat16", "float16")
 
 
 class Program:
@@ -52,16 +52,18 @@ class Program:
         self.precision = "float32"
 
     def forward(self, params: dict, buffers: dict, x: Any, train: bool) -> tuple[Any, dict]:
-        if self.precision == "bfloat16":
+        half = self.precision != "float32"
+        if half:
             params = {k: self._low(v) for k, v in params.items()}
             x = self._low(x)
         out, buffers = self.run(params, buffers, x, train)
-        if self.precision == "bfloat16":
+        if half:
             out = self.ops.cast(out, "float32")
         return out, buffers
 
     def _low(self, value: Any) -> Any:
-        return self.ops.cast(value, "bfloat16") if self.ops.dtype(value) == "float32" else value
+        """A float32 value in the half precision computed in."""
+        return self.ops.cast(value, self.precision) if self.ops.dtype(value) == "float32" else value
 
     def run(self, params: dict, buffers: dict, x: Any, train: bool) -> tuple[Any, dict]:
         raise NotImplementedError

@@ -49,11 +49,11 @@ class ModuleProgram(Program):
         self.params = dict(zip(self.params, self.variables))
 
     def set_precision(self, precision: str) -> None:
-        if precision == "bfloat16":
+        if precision in ("bfloat16", "float16"):
             raise ConfigurationError(message(
-                "bfloat16 for a Keras/tf.Module model is set when the model is built",
-                received="precision='bfloat16'",
-                fix="build it under keras.mixed_precision.set_global_policy('mixed_bfloat16') and pass "
+                f"{precision} for a Keras/tf.Module model is set when the model is built",
+                received=f"precision={precision!r}",
+                fix=f"build it under keras.mixed_precision.set_global_policy('mixed_{precision}') and pass "
                     "precision='float32', or train a zoo model"))
         super().set_precision(precision)
 

@@ -32,7 +32,7 @@ class ModuleProgram(Program):
 
     def run(self, params, buffers, x, train):
         self.module.train(train)
-        if self.precision == "bfloat16":  # buffers too (batch-norm statistics meet bf16 inputs)
+        if self.precision != "float32":  # buffers too (batch-norm statistics meet half inputs)
             buffers_used = {k: self._low(v) for k, v in buffers.items()}
         else:
             buffers_used = buffers

@@ -116,8 +116,8 @@ def test_bfloat16_compute_keeps_float32_master_weights(name):
 def test_bfloat16_where_it_cannot_run_is_a_clear_error():
     with pytest.raises(ConfigurationError, match="no bfloat16"):
         fit(models.build("mlp", hidden=[4], inputs=6, classes=2), data(), precision="bfloat16", verbose=0)
-    with pytest.raises(ConfigurationError, match="Valid choices: float32, bfloat16"):
-        fit(models.build("mlp", hidden=[4], inputs=6, classes=2), data(), precision="float16", verbose=0)
+    with pytest.raises(ConfigurationError, match="Valid choices: float32, bfloat16, float16"):
+        fit(models.build("mlp", hidden=[4], inputs=6, classes=2), data(), precision="float8", verbose=0)
 
 
 def test_a_torch_module_with_batch_norm_trains_in_bfloat16():

@@ -23,15 +23,25 @@ import dataclasses
 from typing import Any, ClassVar
 
 from xdevice._errors import ConfigurationError, message
+from xdevice.training.schedules import Schedule, schedule
 
 __all__ = ["SGD", "Adam", "AdamW", "Optimizer", "optimizer"]
 
 
 @dataclasses.dataclass(frozen=True)
 class Optimizer:
-    """The base: a learning rate and a pure update rule."""
+    """The base: a learning rate (a number, or a schedule: ``xdevice.training.schedules``) and a
+    pure update rule."""
 
-    lr: float = 1e-3
+    lr: float | Schedule = 1e-3
+
+    def __post_init__(self):
+        schedule(self.lr)  # a bad rate is refused here, with the fix
+
+    @property
+    def schedule(self) -> Schedule:
+        """The rate of each step (a constant one for a number)."""
+        return schedule(self.lr)
 
     def init(self, ops: Any, params: dict[str, Any]) -> dict[str, Any]:
         """The state before the first step: ``step`` (int32 scalar) plus per-parameter slots."""
@@ -45,20 +55,28 @@ class Optimizer:
     slots: ClassVar[tuple[str, ...]] = ()
 
     def update(self, ops: Any, params: dict[str, Any], grads: dict[str, Any], state: dict[str, Any], *,
-               inplace: bool = False) -> tuple[dict[str, Any], dict[str, Any]]:
-        """New params and state after one step. With ``inplace`` a backend may write the new
-        values into the arrays given (the trainer passes it: it keeps no old values)."""
+               lr: Any = None, inplace: bool = False) -> tuple[dict[str, Any], dict[str, Any]]:
+        """New params and state after one step at rate ``lr`` (a number, or a scalar array
+        inside a compiled step; default: ``self.lr`` when it is a number; the trainer passes
+        its schedule's rate). With ``inplace`` a backend may write the new values into the
+        arrays given (the trainer passes it: it keeps no old values)."""
+        if lr is None:
+            if isinstance(self.lr, Schedule):
+                raise ConfigurationError(message(
+                    "This optimizer's lr is a schedule, so update needs the step's rate",
+                    fix="update(..., lr=optimizer.schedule(step)), or train with xdevice.fit / Trainer"))
+            lr = self.lr
         step = ops.add(state["step"], ops.asarray(1, "int32"))
         names = list(params)
         slots = {slot: [state[f"{slot}/{name}"] for name in names] for slot in self.slots}
         new_params, new_slots = self.apply(ops, [params[n] for n in names], [grads[n] for n in names],
-                                           slots, step, inplace)
+                                           slots, step, lr, inplace)
         new_state = {"step": step}
         for slot, arrays in new_slots.items():
             new_state.update({f"{slot}/{name}": array for name, array in zip(names, arrays)})
         return dict(zip(names, new_params)), new_state
 
-    def apply(self, ops: Any, params: list, grads: list, slots: dict[str, list], step: Any,
+    def apply(self, ops: Any, params: list, grads: list, slots: dict[str, list], step: Any, lr: Any,
               inplace: bool) -> tuple[list, dict[str, list]]:
         """The rule over every parameter at once, through the op set's update for it (which a
         backend may fuse): ``(new params, new slots)``."""
@@ -66,7 +84,10 @@ class Optimizer:
 
     def config(self) -> dict[str, Any]:
         """What a checkpoint records to rebuild this optimizer."""
-        return {"name": type(self).__name__, **dataclasses.asdict(self)}
+        fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        if not isinstance(self.lr, (int, float)):
+            fields["lr"] = self.schedule.config()
+        return {"name": type(self).__name__, **fields}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -84,8 +105,8 @@ class SGD(Optimizer):
     def slots(self) -> tuple[str, ...]:
         return ("momentum",) if self.momentum else ()
 
-    def apply(self, ops, params, grads, slots, step, inplace):
-        params, buffers = ops.sgd_update(params, grads, slots.get("momentum"), lr=self.lr, momentum=self.momentum,
+    def apply(self, ops, params, grads, slots, step, lr, inplace):
+        params, buffers = ops.sgd_update(params, grads, slots.get("momentum"), lr=lr, momentum=self.momentum,
                                          nesterov=self.nesterov, weight_decay=self.weight_decay, inplace=inplace)
         return params, ({"momentum": buffers} if self.momentum else {})
 
@@ -103,8 +124,8 @@ class Adam(Optimizer):
     slots = ("m", "v")
     decoupled: ClassVar[bool] = False  # AdamW decays the params, not the gradient
 
-    def apply(self, ops, params, grads, slots, step, inplace):
-        params, m, v = ops.adam_update(params, grads, slots["m"], slots["v"], step, lr=self.lr, beta1=self.beta1,
+    def apply(self, ops, params, grads, slots, step, lr, inplace):
+        params, m, v = ops.adam_update(params, grads, slots["m"], slots["v"], step, lr=lr, beta1=self.beta1,
                                        beta2=self.beta2, eps=self.eps, weight_decay=self.weight_decay,
                                        decoupled=self.decoupled, inplace=inplace)
         return params, {"m": m, "v": v}

@@ -29,14 +29,18 @@ from typing import Any
 
 from xdevice._errors import ConfigurationError, message
 from xdevice.training import checkpoint
+from xdevice.training.callbacks import Callback, Progress
 from xdevice.training.data import Prefetcher, as_batches
-from xdevice.training.history import History, Progress
+from xdevice.training.history import History
 from xdevice.training.losses import loss_function, metric_function
 from xdevice.training.optimizers import Optimizer, optimizer as make_optimizer
+from xdevice.training.precision import LossScale, loss_scale as make_loss_scale
 from xdevice.training.programs import program, staged
 from xdevice.training.replication import replicate
 
 __all__ = ["Trainer", "fit"]
+
+_SKIPPED = "skipped"  # a float16 step skipped for an inf or NaN gradient (1.0) or not (0.0)
 
 
 class Trainer:
@@ -52,19 +56,29 @@ class Trainer:
         stages: split a sequential model layer-wise, stage ``i`` on ``stages[i]``, for models
             that do not fit one device: a ``torch.nn.Sequential`` (cut into runs of about equal
             parameter counts) or a list of stage models (see ``programs.staged``).
-        precision: ``"float32"``, or ``"bfloat16"`` compute with float32 master weights.
+        precision: ``"float32"``; ``"bfloat16"`` or ``"float16"`` compute with float32 master
+            weights (float16 with dynamic loss scaling: ``loss_scale``, ``xdevice.training.precision``).
         metrics: names or ``f(ops, outputs, targets)``; reported per epoch.
         jit: compile the step (JAX, TensorFlow).
         clip_norm, clip_value: clip the gradients by their global L2 norm and/or elementwise by
             value before the optimizer's step, as ``torch.nn.utils.clip_grad_norm_`` /
             ``clip_grad_value_`` do (value first when both are given).
+        accumulate: take an optimizer step every ``accumulate`` batches, on their summed
+            gradients: ``accumulate=k`` with batches of ``b`` rows steps as batches of ``k*b`` would
+            (a shorter group ends an epoch). Each optimizer step counts once in ``steps``.
+        loss_scale: float16's loss scaling, a ``LossScale`` or a dict of its settings
+            (``torch.amp.GradScaler``'s defaults when left out).
+
+    The optimizer's ``lr`` may be a schedule (``xdevice.training.schedules``): the trainer
+    passes each step's rate into the step, and a checkpoint records the schedule.
     """
 
     def __init__(self, model: Any, loss: str | Callable = "cross_entropy", optimizer: str | Optimizer = "adam",
                  *, device: Any = None, devices: Sequence[Any] | None = None,
                  stages: Sequence[Any] | None = None, precision: str = "float32",
                  metrics: Sequence[str | Callable] = ("accuracy",), jit: bool = True,
-                 clip_norm: float | None = None, clip_value: float | None = None, **optimizer_options: Any):
+                 clip_norm: float | None = None, clip_value: float | None = None, accumulate: int = 1,
+                 loss_scale: LossScale | dict | None = None, **optimizer_options: Any):
         chosen = {k: v for k, v in (("device", device), ("devices", devices), ("stages", stages)) if v is not None}
         if len(chosen) > 1:
             raise ConfigurationError(message("Pass one of device=, devices= (data parallel) or stages= "
@@ -84,36 +98,91 @@ class Trainer:
                 raise ConfigurationError(message(f"{name} is a positive number", received=limit,
                                                  fix=f"e.g. {name}=1.0, or leave it out for no clipping"))
         self.clip_norm, self.clip_value = clip_norm, clip_value
+        if isinstance(accumulate, bool) or not isinstance(accumulate, int) or accumulate < 1:
+            raise ConfigurationError(message("accumulate is how many batches make one optimizer step",
+                                             expected="an int of 1 or more", received=accumulate))
+        self.accumulate = accumulate
+        if loss_scale is not None and precision != "float16":
+            raise ConfigurationError(message("loss_scale applies to float16 only", received=f"precision={precision!r}",
+                                             fix="pass precision='float16', or leave loss_scale out"))
+        self.scaler = make_loss_scale(loss_scale) if precision == "float16" else None
         self.optimizer = make_optimizer(optimizer, **optimizer_options)
+        self.schedule = self.optimizer.schedule
         jit = jit and self.program.compiles_whole  # a split model compiles stage by stage
         compile_ = self.backend.jit if jit else (lambda f: f)
         self.replicas = replicate(devices, backend=self.backend.name)
         self.program.params = self.replicas.place_params(self.program.params)
         self.program.buffers = self.replicas.place_params(self.program.buffers)
-        self.state = self._placed(self.optimizer.init(self.ops, self.program.params))
+        state = self.optimizer.init(self.ops, self.program.params)
+        self.state = self._placed({**state, **(self.scaler.init(self.ops) if self.scaler else {})})
         self.step_count = self.epoch = self.batch = 0
         self.seed = 0
         self.history = History()
         replicated = self.replicas.count > 1  # replicated steps are always compiled (strategy.run, Mesh)
-        self._train = self.replicas.compile(self._train_step) if jit or replicated else self._train_step
+        compile_step = self.replicas.compile if jit or replicated else (lambda f: f)
+        self._train = compile_step(self._train_step)
+        self._compiled = self._train is not self._train_step  # eager PyTorch: rates stay Python floats
+        if accumulate > 1:
+            self._accumulate, self._apply_total = compile_step(self._accumulate_step), compile_step(self._apply_step)
+            self._zeros = self.replicas.place_params(
+                {k: self.ops.zeros(self.ops.shape(v), self.ops.dtype(v)) for k, v in self.program.params.items()})
+            self._total, self._group = self._zeros, []  # the summed gradients, (rows, loss, metrics) so far
         self._evaluate = compile_(self._eval_step)
 
     # -- the step, written once ---------------------------------------------------------
 
-    def _train_step(self, params, buffers, state, x, y):
+    def _train_step(self, params, buffers, state, x, y, lr):
+        buffers, grads, loss, metrics = self._gradients(params, buffers, state, x, y)
+        params, state, skipped = self._apply(params, state, grads, lr)
+        return params, buffers, state, loss, {**metrics, **skipped}
+
+    def _gradients(self, params, buffers, state, x, y):
+        """The global batch's mean gradient, loss and metrics (float16: scaled, then unscaled)."""
         ops, program, replicas = self.ops, self.program, self.replicas
         weight = replicas.weight(x)  # this replica's share of the global batch (1 on one device)
+        scale = state.get("amp/scale")
 
         def objective(p):
             out, new_buffers = program.forward(p, buffers, x, True)
-            return ops.multiply(self.loss(ops, out, y), weight), (new_buffers, out)
+            loss = ops.multiply(self.loss(ops, out, y), weight)
+            return (loss if scale is None else ops.multiply(loss, scale)), (new_buffers, out, loss)
 
-        (loss, (buffers, out)), grads = replicas.value_and_grad(objective, params)  # the global batch's
-        loss = replicas.sum(loss)  # mean gradient and loss
-        grads = self._clipped(grads)
-        params, state = self.optimizer.update(ops, params, grads, state, inplace=True)  # old values unused
+        (_, (buffers, out, loss)), grads = replicas.value_and_grad(objective, params)  # the global batch's
+        if scale is not None:
+            inverse = ops.divide(1.0, scale)
+            grads = {k: ops.multiply(g, ops.cast(inverse, ops.dtype(g))) for k, g in grads.items()}
         metrics = {k: replicas.sum(ops.multiply(f(ops, out, y), weight)) for k, f in self.metrics.items()}
-        return params, buffers, state, loss, metrics
+        return buffers, grads, replicas.sum(loss), metrics
+
+    def _apply(self, params, state, grads, lr):
+        """The optimizer's step on ``grads`` (clipped); float16 skips a step with an inf or NaN
+        gradient (params and state kept) and updates the loss scale."""
+        ops = self.ops
+        grads = self._clipped(grads)
+        if self.scaler is None:
+            params, state = self.optimizer.update(ops, params, grads, state, lr=lr, inplace=True)  # old values unused
+            return params, state, {}
+        finite = self.scaler.all_finite(ops, grads)
+        kept = {k: v for k, v in state.items() if not k.startswith("amp/")}
+        new_params, new_state = self.optimizer.update(ops, params, grads, kept, lr=lr)
+        params = {k: ops.where(finite, new_params[k], params[k]) for k in params}
+        kept = {k: ops.where(finite, new_state[k], kept[k]) for k in kept}
+        state = self.scaler.update(ops, {**state, **kept}, finite)
+        return params, state, {_SKIPPED: ops.subtract(1.0, ops.cast(finite, "float32"))}
+
+    def _accumulate_step(self, params, buffers, state, total, x, y, rows):
+        """One batch of an accumulated step: its gradient, times its rows, added to ``total``."""
+        buffers, grads, loss, metrics = self._gradients(params, buffers, state, x, y)
+        total = {k: self.ops.add(total[k], self.ops.multiply(g, self.ops.cast(rows, self.ops.dtype(g))))
+                 for k, g in grads.items()}
+        return buffers, total, loss, metrics
+
+    def _apply_step(self, params, state, total, rows, lr):
+        """The optimizer's step on the accumulated gradients' row-weighted mean."""
+        ops = self.ops
+        grads = {k: ops.divide(g, ops.cast(rows, ops.dtype(g))) for k, g in total.items()}
+        params, state, skipped = self._apply(params, state, grads, lr)
+        return params, state, skipped
 
     def _clipped(self, grads: dict) -> dict:
         """Gradient clipping as torch.nn.utils does it: by value first, then by global norm."""
@@ -131,23 +200,56 @@ class Trainer:
         return self.loss(self.ops, out, y), {k: f(self.ops, out, y) for k, f in self.metrics.items()}
 
     def step(self, x: Any, y: Any) -> float:
-        """One optimisation step on a batch; returns its loss."""
-        x, y, _ = self._place((x, y))
-        loss, _ = self._step(x, y)
-        return loss
+        """One optimisation step on a batch (with ``accumulate=k``: one batch of the k that make
+        a step); returns its loss."""
+        x, y, rows = self._place((x, y))
+        result = self._step(x, y, rows)
+        return result[0] if result else self._group[-1][1]
 
-    def _step(self, x, y) -> tuple[float, dict[str, float]]:
+    def _step(self, x, y, rows: int, last: bool = False) -> tuple[float, dict[str, float], int] | None:
+        """A batch through the step: the optimizer step's loss, metrics and rows, or None while
+        an accumulated step waits for more batches (``last``: no more come this epoch)."""
         p = self.program
-        p.params, p.buffers, self.state, loss, metrics = self._train(p.params, p.buffers, self.state, x, y)
-        p.write_back()
+        if self.accumulate == 1:
+            lr = self._argument(self.schedule(self.step_count))
+            p.params, p.buffers, self.state, loss, metrics = self._train(p.params, p.buffers, self.state, x, y, lr)
+            return self._stepped({"loss": loss, **metrics}, rows)
+        p.buffers, self._total, loss, metrics = self._accumulate(p.params, p.buffers, self.state, self._total,
+                                                                 x, y, self._argument(rows))
+        self._group.append((rows, self._float(loss), {k: self._float(v) for k, v in metrics.items()}))
+        return self._finish_group() if len(self._group) == self.accumulate or last else None
+
+    def _finish_group(self) -> tuple[float, dict[str, float], int]:
+        """The optimizer step on the accumulated batches; their metrics weighted by rows."""
+        p, group = self.program, self._group
+        rows = sum(n for n, _, _ in group)
+        lr = self._argument(self.schedule(self.step_count))
+        p.params, self.state, skipped = self._apply_total(p.params, self.state, self._total, self._argument(rows), lr)
+        metrics = {key: sum(n * (loss if key == "loss" else seen[key]) for n, loss, seen in group) / rows
+                   for key in ("loss", *group[0][2])}
+        self._total, self._group = self._zeros, []
+        return self._stepped({**metrics, **skipped}, rows)
+
+    def _stepped(self, metrics: dict[str, Any], rows: int) -> tuple[float, dict[str, float], int]:
+        self.program.write_back()
         self.step_count += 1
-        return self._float(loss), {k: self._float(v) for k, v in metrics.items()}
+        values = {k: self._float(v) for k, v in metrics.items()}
+        return values.pop("loss"), values, rows
+
+    def _argument(self, number: float) -> Any:
+        """A number handed to the step: a float32 scalar for a compiled step (one trace for
+        every value), the Python number for an eager one (PyTorch's fused updates take it)."""
+        if not self._compiled:
+            return number
+        import numpy as np
+
+        return np.float32(number)
 
     # -- loops ----------------------------------------------------------------------------
 
     def fit(self, data: Any, epochs: int = 1, *, batch_size: int = 32, shuffle: bool = True, seed: int = 0,
             validation: Any = None, prefetch: int = 2, steps: int | None = None, verbose: int = 1,
-            checkpoint_dir: str | None = None) -> History:
+            checkpoint_dir: str | None = None, callbacks: Sequence[Callback] = ()) -> History:
         """Train until ``epochs`` epochs are complete (counted from the start; see the module).
 
         Args:
@@ -155,8 +257,11 @@ class Trainer:
             batch_size, shuffle, seed: how arrays are cut; the order depends on (seed, epoch) only.
             validation: ``(x, y)`` or batches, evaluated after each epoch (``val_*``).
             prefetch: batches placed on the device ahead of time by a background thread; 0: none.
-            steps: stop after this many steps (mid-epoch; a checkpoint resumes there).
+            steps: stop after this many optimizer steps (mid-epoch; a checkpoint resumes there).
+            verbose: 1: a progress bar on a terminal, a line per epoch elsewhere; 0: silent.
             checkpoint_dir: write a checkpoint there after each epoch and when stopping.
+            callbacks: :class:`xdevice.training.callbacks.Callback` objects (early stopping,
+                best checkpoint, CSV and TensorBoard logging).
 
         Returns:
             ``History`` (``history.model`` is the trained object).
@@ -170,44 +275,74 @@ class Trainer:
             return self.history
         source = as_batches(data, batch_size, shuffle, seed)
         self.seed = seed
-        progress = Progress(epochs, verbose)
+        callbacks = ([Progress(epochs, len(source))] if verbose else []) + list(callbacks)
+        self.stop_training = False
         taken = 0
-        while self.epoch < epochs and (steps is None or taken < steps):
-            began, sums, rows = time.perf_counter(), {}, 0
+        for callback in callbacks:
+            callback.on_fit_begin(self)
+        while self.epoch < epochs and (steps is None or taken < steps) and not self.stop_training:
+            began, sums, lr = time.perf_counter(), {"rows": 0}, None
+            for callback in callbacks:
+                callback.on_epoch_begin(self, self.epoch + 1)
             loader = Prefetcher(source.epoch(self.epoch, self.batch), self._place, prefetch)
             finished = True
             try:
                 for x, y, n in loader:
-                    loss, metrics = self._step(x, y)
-                    for key, value in {"loss": loss, **metrics}.items():
-                        sums[key] = sums.get(key, 0.0) + value * n
-                    rows += n
                     self.batch += 1
+                    lr = self.schedule(self.step_count)
+                    done = self._step(x, y, n, last=len(source) > 0 and self.batch >= len(source))
+                    if done is None:  # an accumulated step waits for its other batches
+                        continue
+                    self._record(done, sums, lr, callbacks)
                     taken += 1
-                    self.history.steps.append(loss)
-                    progress.step(self.epoch + 1, self.batch, len(source), loss)
-                    if steps is not None and taken >= steps:
+                    if (steps is not None and taken >= steps) or self.stop_training:
                         finished = len(source) > 0 and self.batch >= len(source)
                         break
+                else:
+                    if self.accumulate > 1 and self._group:  # batches of unknown count ended mid-step
+                        self._record(self._finish_group(), sums, lr, callbacks)
             finally:
                 loader.close()
             if not finished:
                 break
             seconds = time.perf_counter() - began
+            rows, skipped = sums.pop("rows"), sums.pop(_SKIPPED, 0.0)
             record: dict[str, Any] = {"epoch": self.epoch + 1, **{k: v / max(rows, 1) for k, v in sums.items()}}
             if validation is not None:
                 record.update({f"val_{k}": v for k, v in self.evaluate(validation, batch_size=batch_size).items()})
+            if lr is not None:
+                record["lr"] = lr
+            if self.scaler is not None:
+                record["skipped_steps"] = int(skipped)
+                record["loss_scale"] = self._float(self.state["amp/scale"])
             record["input_wait"] = loader.waited / seconds if seconds else 0.0
             record["seconds"] = seconds
             self.epoch, self.batch = self.epoch + 1, 0
             self.history.epochs.append(record)
-            progress.epoch(record)
+            for callback in callbacks:
+                callback.on_epoch_end(self, record["epoch"], record)
             if checkpoint_dir:
                 self.save(checkpoint_dir)
         if checkpoint_dir:
             self.save(checkpoint_dir)
+        for callback in callbacks:
+            callback.on_fit_end(self)
         self.history.model = self.program.result()
         return self.history
+
+    def _record(self, done: tuple[float, dict[str, float], int], sums: dict[str, float], lr: float,
+                callbacks: list[Callback]) -> None:
+        """An optimizer step into the epoch's sums (``skipped``: a count, the rest weighted by
+        rows), the history and the callbacks."""
+        loss, metrics, rows = done
+        sums["rows"] += rows
+        sums[_SKIPPED] = sums.get(_SKIPPED, 0.0) + metrics.pop(_SKIPPED, 0.0)
+        for key, value in {"loss": loss, **metrics}.items():
+            sums[key] = sums.get(key, 0.0) + value * rows
+        self.history.steps.append(loss)
+        logs = {"loss": loss, **metrics, "lr": lr}
+        for callback in callbacks:
+            callback.on_step_end(self, self.step_count, logs)
 
     def evaluate(self, data: Any, batch_size: int = 256) -> dict[str, float]:
         """Mean loss and metrics over ``data`` in inference mode (batch norm uses running stats)."""
@@ -230,9 +365,24 @@ class Trainer:
 
     # -- checkpoints ----------------------------------------------------------------------
 
+    def weights(self) -> dict[str, Any]:
+        """A numpy copy of the trained parameters (``set_weights`` puts them back)."""
+        return {k: self.ops.to_numpy(v).copy() for k, v in self.program.params.items()}
+
+    def set_weights(self, arrays: dict[str, Any]) -> None:
+        p = self.program
+        p.params = self._placed({k: arrays[k] for k in p.params})
+        p.write_back()
+
     def save(self, folder: str) -> None:
         """Write a checkpoint (safetensors + JSON) that :meth:`load` resumes exactly (with
-        several processes, rank 0 writes it: every rank holds the same values)."""
+        several processes, rank 0 writes it: every rank holds the same values); the learning
+        rate schedule is part of the optimizer's record."""
+        if self.accumulate > 1 and self._group:
+            raise ConfigurationError(message(
+                "A checkpoint is written between optimizer steps, and this one has "
+                f"{len(self._group)} of its {self.accumulate} accumulated batches",
+                fix=f"save after {self.accumulate - len(self._group)} more step() call(s); fit saves between steps"))
         if self.replicas.rank != 0:
             return
         p, to_numpy = self.program, self.ops.to_numpy
@@ -257,9 +407,13 @@ class Trainer:
             wrong = sorted(set(arrays) ^ expected) or sorted(set(state) ^ set(self.state))
             raise ConfigurationError(message("The checkpoint does not match this model and optimizer",
                                              received=wrong[:5], fix="build the same model and optimizer first"))
-        if record["optimizer"] != self.optimizer.config():
-            raise ConfigurationError(message("The checkpoint used another optimizer",
-                                             expected=self.optimizer.config(), received=record["optimizer"]))
+        mine = self.optimizer.config()
+        if record["optimizer"] != mine:  # the learning rate's schedule included
+            differ = [k for k in sorted(set(mine) | set(record["optimizer"])) if mine.get(k) != record["optimizer"].get(k)]
+            raise ConfigurationError(message(
+                "The checkpoint used another optimizer", expected=str({k: mine.get(k) for k in differ}),
+                received={k: record["optimizer"].get(k) for k in differ},
+                fix="build the optimizer (and its lr schedule) the checkpointed run used"))
         p.params = self._placed({k: arrays[f"param/{k}"] for k in p.params})
         p.buffers = self._placed({k: arrays[f"buffer/{k}"] for k in p.buffers})
         p.write_back()
