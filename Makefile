@@ -9,7 +9,7 @@ BIN      := $(VENV)/bin
 HAS_GPU  := $(shell nvidia-smi -L >/dev/null 2>&1 && echo yes)
 PLATFORM := $(if $(HAS_GPU),gpu,cpu)
 STAMP    := $(VENV)/.installed-$(PLATFORM)
-EXTRAS   := torch,jax,onnx,export,serve,nvml,plot,test
+EXTRAS   := torch,jax,onnx,export,serve,nvml,plot,log,test
 
 # TensorFlow's CPU and CUDA builds are different packages, as are JAX's CUDA plugins.
 FRAMEWORKS_cpu := tensorflow-cpu

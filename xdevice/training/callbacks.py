@@ -69,7 +69,7 @@ class _Monitor:
 
 class EarlyStopping(Callback, _Monitor):
     """Stop when ``monitor`` has not improved by more than ``min_delta`` for ``patience``
-    epochs; ``restore_best`` puts back the weights of the best epoch (Keras's
+    epochs in a row (at least one); ``restore_best`` puts back the weights of the best epoch (Keras's
     ``restore_best_weights``)."""
 
     def __init__(self, monitor: str = "val_loss", *, patience: int = 0, min_delta: float = 0.0, mode: str = "min",
@@ -85,7 +85,7 @@ class EarlyStopping(Callback, _Monitor):
                 self.best_weights = trainer.weights()
             return
         self.waited += 1
-        if self.waited > self.patience:
+        if self.waited >= self.patience:  # Keras's and Lightning's count
             trainer.stop_training, self.stopped_epoch = True, epoch
             if self.restore_best and self.best_weights is not None:
                 trainer.set_weights(self.best_weights)
@@ -132,7 +132,10 @@ class TensorBoard(Callback):
         except ImportError:
             raise ConfigurationError(message("TensorBoard logging needs tensorboardX", received="not installed",
                                              fix="pip install 'xdevice[log]'")) from None
-        self.writer, self.every = SummaryWriter(logdir), every
+        self.writer_class, self.logdir, self.every, self.writer = SummaryWriter, logdir, every, None
+
+    def on_fit_begin(self, trainer):
+        self.writer = self.writer_class(self.logdir)
 
     def on_step_end(self, trainer, step, logs):
         if step % self.every == 0:
@@ -146,7 +149,7 @@ class TensorBoard(Callback):
         self.writer.flush()
 
     def on_fit_end(self, trainer):
-        self.writer.flush()
+        self.writer.close()  # its last events are on disk when fit returns
 
 
 class Progress(Callback):

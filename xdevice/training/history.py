@@ -1,4 +1,4 @@
-"""What training reports: per-step losses, per-epoch metrics, a progress line, a PNG plot.
+"""What training reports: per-step losses, per-epoch metrics, a PNG plot (progress is a callback).
 
 >>> h = History()
 >>> h.epochs.append({"epoch": 1, "loss": 0.5})
@@ -8,13 +8,11 @@
 
 from __future__ import annotations
 
-import sys
-import time
 from typing import Any
 
 from xdevice._errors import ConfigurationError, message
 
-__all__ = ["History", "Progress"]
+__all__ = ["History"]
 
 
 class History:
@@ -58,32 +56,3 @@ class History:
         figure.savefig(path, format="png")
         plt.close(figure)
         return path
-
-
-class Progress:
-    """A one-line progress bar per epoch on a terminal; one summary line per epoch elsewhere."""
-
-    def __init__(self, epochs: int, verbose: int, stream=None):
-        self.epochs, self.verbose = epochs, verbose
-        self.stream = stream or sys.stdout
-        self.live = verbose and getattr(self.stream, "isatty", lambda: False)()
-        self.last_draw = 0.0
-
-    def step(self, epoch: int, done: int, total: int, loss: float) -> None:
-        if not self.live or time.perf_counter() - self.last_draw < 0.1:
-            return
-        self.last_draw = time.perf_counter()
-        width = 24
-        filled = int(width * done / total) if total else width
-        bar = "=" * filled + ">" + " " * (width - filled) if total else ""
-        count = f"{done}/{total}" if total else f"{done}"
-        self.stream.write(f"\repoch {epoch}/{self.epochs} [{bar}] {count} loss {loss:.4f}")
-        self.stream.flush()
-
-    def epoch(self, record: dict[str, float]) -> None:
-        if not self.verbose:
-            return
-        shown = "  ".join(f"{k} {v:.4f}" if isinstance(v, float) else f"{k} {v}" for k, v in record.items()
-                          if k != "epoch")
-        self.stream.write(("\r" if self.live else "") + f"epoch {record['epoch']}/{self.epochs}  {shown}\n")
-        self.stream.flush()
