@@ -123,6 +123,14 @@ class Backend(abc.ABC):
     def memory_stats(self, device: Device) -> MemoryStats:
         """Bytes in use, peak and limit on ``device``; None for what cannot be told."""
 
+    def measure_step(self, step: Callable[..., Any], args: tuple, device: Device) -> tuple[str, dict[str, int]] | None:
+        """What one run of the training ``step`` (compiled by :meth:`jit` when the backend
+        compiles) on ``args`` takes in memory on ``device``, as the framework itself counts it:
+        ``(how it was counted, {part: bytes})`` with a ``"total"`` part; None where the
+        framework offers no count (the estimate then is the arithmetic alone). It may run
+        the step: ``args`` are copies the caller does not keep."""
+        return None
+
     # -- placement.py -------------------------------------------------------------------
 
     @abc.abstractmethod

@@ -64,6 +64,7 @@ __all__ = [
     "device",
     "device_of",
     "devices",
+    "estimate_memory",
     "find",
     "fit",
     "join_processes",
@@ -76,8 +77,8 @@ __all__ = [
 
 
 def __getattr__(name: str):
-    """``fit``, ``Trainer`` and ``replicate`` load the training package on first use, not at
-    ``import xdevice``."""
+    """``fit``, ``Trainer``, ``replicate`` and ``estimate_memory`` load the training package on
+    first use, not at ``import xdevice``."""
     if name in ("fit", "Trainer"):
         from xdevice.training import trainer
 
@@ -86,4 +87,8 @@ def __getattr__(name: str):
         from xdevice.training.replication import replicate
 
         return replicate
+    if name == "estimate_memory":
+        from xdevice.training.memory import estimate_memory
+
+        return estimate_memory
     raise AttributeError(f"module 'xdevice' has no attribute {name!r}")

@@ -114,6 +114,19 @@ def build_parser() -> argparse.ArgumentParser:
                         help="seconds a client has to send its request headers (default 10)")
     server.set_defaults(run=_serve)
 
+    sizing = commands.add_parser("estimate-memory", help="memory per device to train a zoo model: arithmetic "
+                                 "and the framework's own measurement, against the device or its limit")
+    sizing.add_argument("model", metavar="MODEL", help="a zoo model name (mlp, cnn, resnet, lstm, transformer)")
+    sizing.add_argument("--batch", type=int, required=True, help="rows per device")
+    sizing.add_argument("--optimizer", default="adam", choices=["sgd", "momentum", "adam", "adamw"])
+    sizing.add_argument("--precision", default="float32", type=_precision,
+                        help="float32, bfloat16 (bf16) or float16 (fp16)")
+    sizing.add_argument("--backend", default="jax", choices=["numpy", "torch", "jax", "tensorflow"],
+                        help="the framework that measures (default jax: XLA's memory_analysis)")
+    sizing.add_argument("--device", default="cpu", help="the device to fit (default cpu)")
+    sizing.add_argument("--json", action="store_true", help="print JSON")
+    sizing.set_defaults(run=_estimate_memory)
+
     starter = commands.add_parser("launch", help="start N training processes, set up for torch, JAX and TF")
     starter.add_argument("--nproc-per-node", type=int, required=True, help="processes on this machine")
     starter.add_argument("--nnodes", type=int, default=1, help="machines taking part (default 1)")
@@ -208,6 +221,24 @@ def _named_axis(text: str) -> tuple[int, str]:
     if not axis.strip().lstrip("-").isdigit() or not name.isidentifier():
         raise argparse.ArgumentTypeError(f"expected AXIS=NAME such as 1=seq, got {text!r}")
     return int(axis), name
+
+
+def _precision(text: str) -> str:
+    names = {"float32": "float32", "fp32": "float32", "bfloat16": "bfloat16", "bf16": "bfloat16",
+             "float16": "float16", "fp16": "float16"}
+    if text not in names:
+        raise argparse.ArgumentTypeError(f"expected float32, bfloat16 (bf16) or float16 (fp16), got {text!r}")
+    return names[text]
+
+
+def _estimate_memory(args: argparse.Namespace) -> int:
+    from xdevice.training.memory import estimate_memory
+
+    step(f"estimating {args.model} at batch {args.batch} on {args.backend}")
+    estimate = estimate_memory(args.model, batch=args.batch, optimizer=args.optimizer, precision=args.precision,
+                               backend=args.backend, device=args.device)
+    print(json.dumps(estimate.as_dict(), indent=2) if args.json else estimate)
+    return 0 if estimate.fits is not False else 1
 
 
 def _export(args: argparse.Namespace) -> int:

@@ -56,3 +56,14 @@ class Memory:
         limit = getattr(self, "_limits", {}).get(device.index)
         return MemoryStats(device, "tensorflow", in_use=info["current"], peak=info["peak"],
                            limit=limit, limit_how="enforced" if limit else None)
+
+    def measure_step(self, step, args, device):
+        if device.kind != "gpu":  # TensorFlow counts no memory on the CPU
+            return None
+        name = f"GPU:{device.index}"
+        tf.config.experimental.reset_memory_stats(name)
+        before = tf.config.experimental.get_memory_info(name)["current"]
+        step(*args)
+        peak = tf.config.experimental.get_memory_info(name)["peak"]
+        return "TensorFlow's peak on the GPU over one step", {"before the step": before, "step": peak - before,
+                                                               "total": peak}

@@ -49,3 +49,42 @@ class Memory:
         return MemoryStats(device, "torch", in_use=torch.cuda.memory_allocated(device.index),
                            peak=torch.cuda.max_memory_allocated(device.index), limit=limit,
                            limit_how="enforced")
+
+    def measure_step(self, step, args, device):
+        if device.kind == "gpu":  # the caching allocator's peak over one real step
+            index = device.index
+            torch.cuda.synchronize(index)
+            torch.cuda.reset_peak_memory_stats(index)
+            before = torch.cuda.memory_allocated(index)
+            step(*args)
+            torch.cuda.synchronize(index)
+            peak = torch.cuda.max_memory_allocated(index)
+            return "CUDA's peak allocated over one step", {"before the step": before, "step": peak - before,
+                                                           "total": peak}
+        # on the CPU: what autograd keeps for the backward pass in one real step (storages
+        # counted once; the parameters themselves are not extra), beside the arrays held
+        held = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in _tensors(args)}
+        saved: dict[int, int] = {}
+
+        def pack(tensor):
+            storage = tensor.untyped_storage()
+            if storage.data_ptr() not in held:
+                saved[storage.data_ptr()] = storage.nbytes()
+            return tensor
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+            step(*args)
+        parts = {"arguments": sum(held.values()), "saved for backward": sum(saved.values())}
+        parts["total"] = parts["arguments"] + parts["saved for backward"]
+        return "autograd's saved tensors in one step (saved_tensors_hooks)", parts
+
+
+def _tensors(tree):
+    if isinstance(tree, torch.Tensor):
+        yield tree
+    elif isinstance(tree, dict):
+        for value in tree.values():
+            yield from _tensors(value)
+    elif isinstance(tree, (list, tuple)):
+        for value in tree:
+            yield from _tensors(value)

@@ -1,0 +1,195 @@
+"""``estimate_memory``: what training a zoo model takes in memory per device, before you run out.
+
+Two figures side by side, as Accelerate's ``estimate-memory`` gives the first:
+
+- **the arithmetic**: float32 parameters and buffers, their gradients, the optimizer's state
+  (Adam: two slots per parameter; momentum: one), a half-precision copy of the parameters in
+  bfloat16/float16, and the activations: every intermediate array of one training forward,
+  counted on the numpy reference at 1 and 2 rows and extrapolated to the batch (a framework
+  frees or fuses some of them; the backward pass's temporaries come on top, which the
+  measurement shows);
+- **a measurement** by the framework itself where it offers one (``Backend.measure_step``):
+  XLA's ``memory_analysis()`` of the compiled step (JAX, any device); what autograd saves for
+  the backward pass, or CUDA's peak on a GPU (PyTorch); TensorFlow's peak on a GPU.
+
+It then says whether the larger of them fits the device's memory, or the limit set with
+``xdevice.configure(memory_limit=...)``. Under data parallelism each device holds all the
+weights and state and its own rows: pass the rows per device as ``batch``.
+
+>>> estimate = estimate_memory("mlp", batch=32, optimizer="sgd", measure=False, hidden=[64])
+>>> estimate.parts["optimizer state"], estimate.parts["parameters"] == estimate.parts["gradients"]
+(0, True)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from xdevice import _registry
+from xdevice._discovery import find
+from xdevice._errors import ConfigurationError, message
+from xdevice._types import format_bytes
+
+__all__ = ["MemoryEstimate", "estimate_memory"]
+
+
+@dataclasses.dataclass
+class MemoryEstimate:
+    """The estimate: ``parts`` (bytes per device, arithmetic), ``measured`` (``how`` and the
+    framework's own parts, or None), and what it is compared with."""
+
+    model: str
+    backend: str
+    device: str
+    batch: int
+    optimizer: str
+    precision: str
+    parts: dict[str, int]
+    measured: dict[str, int] | None
+    how: str | None
+    available: int | None
+    available_from: str
+
+    @property
+    def total(self) -> int:
+        return sum(self.parts.values())
+
+    @property
+    def needed(self) -> int:
+        """The larger of the arithmetic and the measurement."""
+        return max(self.total, (self.measured or {}).get("total", 0))
+
+    @property
+    def fits(self) -> bool | None:
+        return None if self.available is None else self.needed <= self.available
+
+    def __str__(self) -> str:
+        lines = [f"{self.model}: batch {self.batch} per device, {self.optimizer}, {self.precision}, "
+                 f"{self.backend} on {self.device}", ""]
+        lines += [f"  {name:<22}{format_bytes(size):>12}" for name, size in self.parts.items()]
+        lines.append(f"  {'total (arithmetic)':<22}{format_bytes(self.total):>12}")
+        if self.measured:
+            lines += ["", f"  measured: {self.how}"]
+            lines += [f"  {name:<22}{format_bytes(size):>12}" for name, size in self.measured.items()]
+        else:
+            lines += ["", f"  measured: nothing ({self.backend} offers no count on {self.device}; the arithmetic "
+                          "stands alone)"]
+        verdict = ("unknown" if self.fits is None else "fits" if self.fits else "does NOT fit")
+        lines += ["", f"  {format_bytes(self.needed)} needed; {self.available_from}: {format_bytes(self.available)}"
+                      f" -> {verdict}"]
+        return "\n".join(lines)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {**dataclasses.asdict(self), "total": self.total, "needed": self.needed, "fits": self.fits}
+
+
+_SLOTS = {"sgd": 0, "momentum": 1, "adam": 2, "adamw": 2}
+
+
+def estimate_memory(model: Any, *, batch: int, optimizer: str = "adam", precision: str = "float32",
+                    backend: str | None = None, device: Any = "cpu", measure: bool = True,
+                    **spec: Any) -> MemoryEstimate:
+    """Per-device memory for training ``model`` (a zoo name such as ``"cnn"``, with ``spec``, or
+    a zoo model) at ``batch`` rows per device with ``optimizer`` in ``precision``.
+
+    Args:
+        backend: the framework to measure with (default: the model's, or numpy for a name);
+            numpy measures nothing.
+        measure: compile (JAX) or run (PyTorch, TensorFlow on a GPU) one step to measure it.
+
+    Raises:
+        ConfigurationError: an unknown optimizer or precision, or a batch below 1.
+    """
+    from xdevice import models
+    from xdevice.backends.training import PRECISIONS
+
+    if optimizer not in _SLOTS:
+        raise ConfigurationError(message("Unknown optimizer", received=optimizer, choices=list(_SLOTS)))
+    if precision not in PRECISIONS:
+        raise ConfigurationError(message("Unknown precision", received=precision, choices=PRECISIONS))
+    if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
+        raise ConfigurationError(message("batch is the rows per device", expected="an int of 1 or more",
+                                         received=batch))
+    reference = models.build(model, **spec) if isinstance(model, str) else model.to("numpy")
+    backend = backend or (reference.backend if isinstance(model, str) else model.backend)
+    where = find(device, backend=backend)
+
+    sizes = {k: v.nbytes for k, v in reference.numpy_params().items()}
+    weights = sum(sizes.values())
+    trained = sum(sizes[k] for k in reference.trainable)
+    parts = {"parameters": weights, "gradients": trained, "optimizer state": _SLOTS[optimizer] * trained}
+    if precision != "float32":
+        parts["half copy of params"] = weights // 2
+    parts["activations (forward)"] = _activations(reference, batch, 2 if precision != "float32" else 4)
+    parts["batch"] = _rows_bytes(reference, batch)
+
+    measured = how = None
+    if measure and backend != "numpy":
+        how, measured = _measure(reference, backend, where, batch, optimizer, precision) or (None, None)
+    available, available_from = _available(backend, where)
+    return MemoryEstimate(reference.name, backend, str(where), batch, optimizer, precision, parts, measured, how,
+                          available, available_from)
+
+
+def _activations(model: Any, batch: int, item_bytes: int) -> int:
+    """Bytes of every intermediate of one training forward, at ``batch`` rows: counted at 1
+    and 2 rows on the numpy reference (float intermediates at ``item_bytes`` each) and
+    extrapolated (a part per row, a part that is not)."""
+    one, two = (_intermediates(model, rows, item_bytes) for rows in (1, 2))
+    per_row = max(two - one, 0)
+    return max(one - per_row, 0) + per_row * batch
+
+
+def _intermediates(model: Any, rows: int, item_bytes: int) -> int:
+    ops = model.ops
+    counted = [0]
+
+    class Counting:  # the op set, counting the size of what each op the model calls returns
+        def __getattr__(self, name):
+            attribute = getattr(ops, name)
+            if not callable(attribute):
+                return attribute
+
+            def call(*args, **kwargs):
+                result = attribute(*args, **kwargs)
+                for value in result if isinstance(result, (tuple, list)) else (result,):
+                    if hasattr(value, "nbytes") and hasattr(value, "dtype"):
+                        counted[0] += value.size * item_bytes if value.dtype.kind == "f" else value.nbytes
+                return result
+
+            return call
+
+    model.apply(Counting(), model.params, ops.asarray(model.example_input(rows)), train=True)
+    return counted[0]
+
+
+def _rows_bytes(model: Any, batch: int) -> int:
+    return int(model.example_input(1).nbytes) * batch
+
+
+def _measure(reference: Any, backend: str, where: Any, rows: int, optimizer: str, precision: str) -> tuple[str, dict[str, int]] | None:
+    """The framework's own count of one training step, on a copy of the model (zoo models
+    end in class scores: the labels are class indices)."""
+    import numpy as np
+
+    from xdevice.training.trainer import Trainer
+
+    trainer = Trainer(reference.to(backend, where), optimizer=optimizer, precision=precision)
+    x = reference.example_input(rows)
+    classes = int(reference(reference.example_input(1)).shape[-1])
+    x, y, _ = trainer._place((x, (np.arange(rows) % classes).astype("int64")))
+    p = trainer.program
+    args = (p.params, p.buffers, trainer.state, x, y, trainer._argument(trainer.schedule(0)))
+    return _registry.backend(backend).measure_step(trainer._train, args, where)
+
+
+def _available(backend: str, where: Any) -> tuple[int | None, str]:
+    from xdevice._configure import current_config
+
+    config = current_config(backend)
+    limit = config.limit_for(where) if config is not None else None
+    if limit is not None:
+        return limit, f"the memory_limit set for {where}"
+    total = getattr(where, "memory_total", None)
+    return total, f"{where}'s memory" if total is not None else f"{where}'s memory (unknown)"
