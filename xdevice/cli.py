@@ -127,13 +127,21 @@ def build_parser() -> argparse.ArgumentParser:
     sizing.add_argument("--json", action="store_true", help="print JSON")
     sizing.set_defaults(run=_estimate_memory)
 
-    starter = commands.add_parser("launch", help="start N training processes, set up for torch, JAX and TF")
+    starter = commands.add_parser("launch", help="start N training processes on torchrun's elastic agent, set up "
+                                  "for torch, JAX and TF")
     starter.add_argument("--nproc-per-node", type=int, required=True, help="processes on this machine")
-    starter.add_argument("--nnodes", type=int, default=1, help="machines taking part (default 1)")
-    starter.add_argument("--node-rank", type=int, default=0, help="this machine's number, from 0")
-    starter.add_argument("--master-addr", default="127.0.0.1", help="address of node 0 (default 127.0.0.1)")
-    starter.add_argument("--master-port", type=int, default=29500, help="a free port on node 0 (uses it and "
-                         "the ports after it)")
+    starter.add_argument("--nnodes", default="1", help="machines taking part: N, or MIN:MAX for an elastic run "
+                         "(default 1)")
+    starter.add_argument("--max-restarts", type=int, default=0,
+                         help="restart the group this many times when a worker fails (default 0)")
+    starter.add_argument("--rdzv-backend", default="c10d", help="torchrun's rendezvous (default c10d)")
+    starter.add_argument("--rdzv-id", default=None, help="the run's id, the same on every node")
+    starter.add_argument("--node-rank", type=int, default=None, help="this machine's number (static rendezvous)")
+    starter.add_argument("--master-addr", default=None, help="node 0's address, the rendezvous endpoint "
+                         "(default 127.0.0.1)")
+    starter.add_argument("--master-port", type=int, default=None,
+                         help="the rendezvous port on node 0 (default: a free one, one node only)")
+    starter.add_argument("--log-dir", default=None, help="write each rank's stdout and stderr under this folder")
     starter.add_argument("script", help="the training script")
     starter.add_argument("script_args", nargs=argparse.REMAINDER, help="its arguments")
     starter.set_defaults(run=_launch)
@@ -317,8 +325,9 @@ def _serve(args: argparse.Namespace) -> int:
 def _launch(args: argparse.Namespace) -> int:
     from xdevice.training.launch import launch
 
-    return launch(args.script, args.script_args, args.nproc_per_node, nnodes=args.nnodes,
-                  node_rank=args.node_rank, master_addr=args.master_addr, master_port=args.master_port)
+    return launch(args.script, args.script_args, args.nproc_per_node, nnodes=args.nnodes, node_rank=args.node_rank,
+                  master_addr=args.master_addr, master_port=args.master_port, max_restarts=args.max_restarts,
+                  rdzv_backend=args.rdzv_backend, rdzv_id=args.rdzv_id, log_dir=args.log_dir)
 
 
 def _doctor(args: argparse.Namespace) -> int:

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from xdevice import ConfigurationError
-from xdevice.training.launch import environments
+from xdevice.training.launch import arguments
 
 SCRIPT = textwrap.dedent("""
     import json, sys
@@ -40,31 +40,30 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
-def test_every_framework_gets_its_environment_from_the_same_flags():
-    envs = environments(2, nnodes=2, node_rank=1, master_addr="10.0.0.5", master_port=4000)
-    assert [(e["RANK"], e["LOCAL_RANK"], e["WORLD_SIZE"]) for e in envs] == [("2", "0", "4"), ("3", "1", "4")]
-    assert {e["MASTER_ADDR"] for e in envs} == {"10.0.0.5"} and {e["MASTER_PORT"] for e in envs} == {"4000"}
-    assert envs[0]["XDEVICE_COORDINATOR"] == "10.0.0.5:4001"
-    assert "TF_CONFIG" not in envs[0]  # several nodes: TF would need every worker's address
-    single = environments(2, master_port=4000)
-    config = json.loads(single[1]["TF_CONFIG"])
-    assert config == {"cluster": {"worker": ["127.0.0.1:4002", "127.0.0.1:4003"]},
-                      "task": {"type": "worker", "index": 1}}
-    assert "CUDA_VISIBLE_DEVICES" not in single[0]
-    one_each = environments(2, gpus=[3, 1, 0])  # the visible GPUs, in CUDA's order
-    assert [e["CUDA_VISIBLE_DEVICES"] for e in one_each] == ["3", "1"]
-    assert "CUDA_VISIBLE_DEVICES" not in environments(3, gpus=[0, 1])[0]  # too few: they share
+def launch(*flags: str, timeout: int = 300) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "xdevice", "launch", *flags], capture_output=True, text=True,
+                          env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}, timeout=timeout)
 
 
-def test_bad_flags_say_what_is_allowed():
-    with pytest.raises(ConfigurationError, match="node-rank must be below"):
-        environments(2, nnodes=2, node_rank=2)
-    with pytest.raises(ConfigurationError, match="nproc-per-node"):
-        environments(0)
+def test_bad_flags_say_what_is_allowed(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text("")
+    with pytest.raises(ConfigurationError, match="--nproc-per-node must be an int of at least 1"):
+        arguments(str(script), [], 0)
+    with pytest.raises(ConfigurationError, match="Expected N or MIN:MAX.*Received: '0:2'"):
+        arguments(str(script), [], 2, nnodes="0:2")
+    with pytest.raises(ConfigurationError, match="Several nodes meet at a rendezvous endpoint.*--master-port"):
+        arguments(str(script), [], 2, nnodes="1:4")
+    with pytest.raises(ConfigurationError, match="No training script at that path"):
+        arguments(str(tmp_path / "missing.py"), [], 2)
+    elastic = arguments(str(script), ["--lr", "0.1"], 2, nnodes="1:4", master_addr="10.0.0.5", master_port=4000,
+                        max_restarts=3)
+    assert elastic[elastic.index("--rdzv-endpoint") + 1] == "10.0.0.5:4000"
+    assert elastic[elastic.index("--nnodes") + 1] == "1:4" and elastic[elastic.index("--max-restarts") + 1] == "3"
+    assert elastic[-3:] == [str(script), "--lr", "0.1"]
 
 
-@pytest.mark.parametrize("framework, processes", [("torch", 2), ("torch", 3), ("torch", 4),
-                                                          ("jax", 2), ("tensorflow", 2)])
+@pytest.mark.parametrize("framework, processes", [("torch", 2), ("torch", 3), ("jax", 2), ("tensorflow", 2)])
 def test_launched_processes_train_exactly_as_one(tmp_path, framework, processes):
     """torch: DistributedDataParallel over gloo (2-4 processes; 3: uneven slices of 16 rows);
     JAX: jax.distributed with a Mesh over every process's CPU; TensorFlow:
@@ -73,9 +72,7 @@ def test_launched_processes_train_exactly_as_one(tmp_path, framework, processes)
     script = tmp_path / "train.py"
     script.write_text(SCRIPT)
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
-    launched = subprocess.run([sys.executable, "-m", "xdevice", "launch", "--nproc-per-node", str(processes),
-                               "--master-port", str(free_port()), str(script), str(tmp_path), framework],
-                              capture_output=True, text=True, env=env, timeout=300)
+    launched = launch("--nproc-per-node", str(processes), str(script), str(tmp_path), framework)
     assert launched.returncode == 0, launched.stderr[-2000:]
     alone = subprocess.run([sys.executable, str(script), str(tmp_path), framework], capture_output=True, text=True,
                            env=env, timeout=300)
@@ -92,23 +89,57 @@ def test_launched_processes_train_exactly_as_one(tmp_path, framework, processes)
 def test_a_failing_process_stops_the_launch_with_its_exit_code(tmp_path):
     script = tmp_path / "fail.py"
     script.write_text("import os, sys, time\n"
+                      "print('starting', flush=True)\n"
                       "if os.environ['RANK'] == '1':\n    sys.exit(3)\n"
                       "time.sleep(60)\n")
-    launched = subprocess.run([sys.executable, "-m", "xdevice", "launch", "--nproc-per-node", "2", str(script)],
-                              capture_output=True, text=True, timeout=60)
+    launched = launch("--nproc-per-node", "2", str(script), timeout=120)
     assert launched.returncode == 3
+    assert "rank 1 failed with exit code 3 (0 restart(s) allowed)" in launched.stderr
+    assert {line for line in launched.stdout.splitlines()} == {"[rank0]: starting", "[rank1]: starting"}
 
 
-def test_a_process_that_ignores_sigterm_is_killed_after_the_grace_period(tmp_path):
-    """As a TensorFlow worker waiting for its peers does: the launch still ends, with rank 1's code."""
-    script = tmp_path / "stubborn.py"
-    script.write_text("import os, signal, sys, time\n"
-                      "if os.environ['RANK'] == '1':\n    time.sleep(1)\n    sys.exit(4)\n"
-                      "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
-                      "time.sleep(120)\n")
-    launched = subprocess.run([sys.executable, "-m", "xdevice", "launch", "--nproc-per-node", "2", str(script)],
-                              capture_output=True, text=True, timeout=60)
-    assert launched.returncode == 4
+RESTARTED = textwrap.dedent("""
+    import os, sys
+    if os.environ["TORCHELASTIC_RESTART_COUNT"] == "0" and os.environ["RANK"] == "1":
+        sys.exit("rank 1 crashes on its first attempt")
+""") + SCRIPT
+
+
+def test_a_worker_that_crashes_once_is_restarted_and_the_run_completes(tmp_path):
+    """torchrun's agent restarts the group (--max-restarts 1): two gloo workers on loopback
+    then train as one process does; each rank's output is in its own log files."""
+    script = tmp_path / "train.py"
+    script.write_text(RESTARTED)
+    launched = launch("--nproc-per-node", "2", "--max-restarts", "1", "--log-dir", str(tmp_path / "logs"),
+                      str(script), str(tmp_path), "torch")
+    assert launched.returncode == 0, launched.stderr[-2000:]
+    assert "[rank1]: rank 1 crashes on its first attempt" in launched.stderr
+    first, second = (json.loads((tmp_path / f"rank{rank}of2.json").read_text()) for rank in (0, 1))
+    assert len(first["steps"]) == 12 and first["steps"] == second["steps"]
+    attempts = sorted(p.parent.parent.name for p in (tmp_path / "logs").rglob("stderr.log"))
+    assert attempts == ["attempt_0", "attempt_0", "attempt_1", "attempt_1"]  # per rank, per attempt
+
+
+def test_tensorflow_workers_on_two_nodes_learn_each_others_addresses(tmp_path):
+    """Two agents on loopback, one node each, meeting at a c10d rendezvous: every worker's
+    TF_CONFIG lists both workers (each published its own through the rendezvous store)."""
+    pytest.importorskip("tensorflow")
+    script = tmp_path / "train.py"
+    script.write_text(SCRIPT + "import os\nprint('workers', os.environ['TF_CONFIG'])\n")
+    flags = ("--nnodes", "2", "--nproc-per-node", "1", "--master-port", str(free_port()), "--rdzv-id", "two-nodes",
+             str(script), str(tmp_path), "tensorflow")
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
+    other = subprocess.Popen([sys.executable, "-m", "xdevice", "launch", *flags], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True, env=env)
+    mine = launch(*flags)
+    theirs = other.communicate(timeout=300)
+    assert mine.returncode == 0 and other.returncode == 0, mine.stderr[-1500:] + theirs[1][-1500:]
+    configs = [json.loads(line.split("workers ", 1)[1]) for line in (mine.stdout + theirs[0]).splitlines()
+               if "workers " in line]
+    assert sorted(c["task"]["index"] for c in configs) == [0, 1]
+    assert all(len(set(c["cluster"]["worker"])) == 2 for c in configs)
+    first, second = (json.loads((tmp_path / f"rank{rank}of2.json").read_text()) for rank in (0, 1))
+    assert first["steps"] == second["steps"] and len(first["steps"]) == 12
 
 
 UNSEEDED = textwrap.dedent("""
@@ -140,10 +171,7 @@ def test_processes_start_from_rank_zeros_weights_when_the_model_is_not_seeded(tm
     pytest.importorskip(framework)
     script = tmp_path / "unseeded.py"
     script.write_text(UNSEEDED)
-    launched = subprocess.run([sys.executable, "-m", "xdevice", "launch", "--nproc-per-node", "2",
-                               "--master-port", str(free_port()), str(script), str(tmp_path), framework],
-                              capture_output=True, text=True, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"},
-                              timeout=300)
+    launched = launch("--nproc-per-node", "2", str(script), str(tmp_path), framework)
     assert launched.returncode == 0, launched.stderr[-2000:]
     first, second = (json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in (0, 1))
     assert len(first["steps"]) == 4 and first["steps"] == second["steps"]

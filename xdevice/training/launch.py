@@ -1,111 +1,76 @@
-"""``xdevice launch``: start N training processes per node, set up for every framework at once.
+"""``xdevice launch``: N training processes per node, on torchrun's elastic agent, set up for
+every framework at once.
 
-From one set of flags each process gets the environment that each framework's own
-distributed engine reads:
+The agent (``torch.distributed.run``) manages the processes: it restarts the group when a
+worker fails (``max_restarts``), meets other nodes through a ``c10d`` rendezvous (``nnodes``
+may be ``"MIN:MAX"``), writes each rank's output to its own files (``log_dir``) and shows
+the lines prefixed with the rank. Its command line and the worker's set-up live in the torch
+backend's ``launch.py``, reached through the registry; so ``xdevice launch`` needs PyTorch
+installed, whichever framework the script trains with. Each worker gets:
 
 - PyTorch (``torch.distributed``, ``init_method="env://"``): ``RANK``, ``WORLD_SIZE``,
-  ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``;
-- JAX (``jax.distributed.initialize``): ``XDEVICE_COORDINATOR`` (``MASTER_ADDR:MASTER_PORT+1``),
-  with ``RANK`` / ``WORLD_SIZE`` as process id and count;
-- TensorFlow (``MultiWorkerMirroredStrategy``): ``TF_CONFIG``, workers on
-  ``MASTER_ADDR:MASTER_PORT+2+rank``. Only for one node: TF needs every worker's address,
-  and with several nodes only the master's is known, so ``TF_CONFIG`` is left unset there.
+  ``LOCAL_RANK``, ``MASTER_ADDR``/``MASTER_PORT``, from the agent;
+- JAX (``jax.distributed.initialize``): ``XDEVICE_COORDINATOR``, rank 0's address and a
+  free port, published through the rendezvous store;
+- TensorFlow (``MultiWorkerMirroredStrategy``): ``TF_CONFIG`` listing every worker on every
+  node, each worker's address published the same way.
 
-In the launched process, the trainer and ``replicate`` join the framework's group
+In the launched process the trainer and ``replicate`` join the framework's group
 (``Backend.join_processes``); a script that computes with JAX or TensorFlow before it trains
-calls ``xdevice.join_processes(backend)`` at its top, since both must join before their
-first computation (see ``xdevice._processes``).
+calls ``xdevice.join_processes(backend)`` at its top (see ``xdevice._processes``).
 
-Decisions: ranks are ``node_rank * nproc_per_node + local_rank``; with a GPU per process,
-process ``i`` sees only the ``i``-th visible GPU (``CUDA_VISIBLE_DEVICES``), as its ``gpu:0``:
-one device per process is what DDP, ``jax.distributed`` and MultiWorkerMirroredStrategy
-expect; if any process fails, the others on this node are stopped and its exit code is returned.
-
->>> environments(2, master_port=29500)[1]["RANK"]
-'1'
+With a GPU per process, local rank ``i`` sees only the ``i``-th visible GPU, as its ``gpu:0``.
 """
 
 from __future__ import annotations
 
-import json
 import os
-import signal
-import subprocess
-import sys
-import time
+import re
 
+from xdevice import _registry
 from xdevice._errors import ConfigurationError, message
-from xdevice._processes import COORDINATOR, join_processes, world
+from xdevice._processes import join_processes, world
 
-__all__ = ["environments", "join_processes", "launch", "world"]
+__all__ = ["arguments", "join_processes", "launch", "world"]
 
 
-def environments(nproc_per_node: int, *, nnodes: int = 1, node_rank: int = 0, master_addr: str = "127.0.0.1",
-                 master_port: int = 29500, gpus: list[int] | None = None) -> list[dict[str, str]]:
-    """The environment of each process this node starts (see the module docstring); with at
-    least one of ``gpus`` (physical indices) per process, process ``i`` sees only ``gpus[i]``."""
-    for name, value, low in (("nproc_per_node", nproc_per_node, 1), ("nnodes", nnodes, 1),
-                             ("node_rank", node_rank, 0), ("master_port", master_port, 1)):
-        if not isinstance(value, int) or value < low:
+def arguments(script: str, args: list[str], nproc_per_node: int, *, nnodes: str | int = 1,
+            node_rank: int | None = None, master_addr: str | None = None, master_port: int | None = None,
+            max_restarts: int = 0, rdzv_backend: str = "c10d", rdzv_id: str | None = None,
+            log_dir: str | None = None) -> list[str]:
+    """torchrun's arguments that run ``python script args...`` under its agent.
+
+    Raises:
+        ConfigurationError: a flag out of range, no script at that path, or no PyTorch.
+    """
+    for name, value, low in (("nproc_per_node", nproc_per_node, 1), ("max_restarts", max_restarts, 0)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
             raise ConfigurationError(message(f"--{name.replace('_', '-')} must be an int of at least {low}",
                                              received=value))
-    if node_rank >= nnodes:
-        raise ConfigurationError(message("--node-rank must be below --nnodes", expected=f"0..{nnodes - 1}",
-                                         received=node_rank))
-    world_size = nproc_per_node * nnodes
-    envs = []
-    for local in range(nproc_per_node):
-        rank = node_rank * nproc_per_node + local
-        env = {"RANK": str(rank), "WORLD_SIZE": str(world_size), "LOCAL_RANK": str(local),
-               "LOCAL_WORLD_SIZE": str(nproc_per_node), "MASTER_ADDR": master_addr,
-               "MASTER_PORT": str(master_port), COORDINATOR: f"{master_addr}:{master_port + 1}"}
-        if nnodes == 1:
-            workers = [f"{master_addr}:{master_port + 2 + i}" for i in range(world_size)]
-            env["TF_CONFIG"] = json.dumps({"cluster": {"worker": workers}, "task": {"type": "worker", "index": rank}})
-        if gpus and len(gpus) >= nproc_per_node:
-            env["CUDA_VISIBLE_DEVICES"] = str(gpus[local])
-        envs.append(env)
-    return envs
-
-
-def launch(script: str, args: list[str], nproc_per_node: int, **options) -> int:
-    """Run ``python script args...`` in ``nproc_per_node`` processes; the first failure's exit code."""
-    from xdevice._discovery import nvml_physical_gpus, visible_gpu_indices
-
+    nnodes = str(nnodes)
+    if not re.fullmatch(r"[1-9]\d*(:[1-9]\d*)?", nnodes):
+        raise ConfigurationError(message("--nnodes is a node count or a range", expected="N or MIN:MAX, e.g. 2 or 1:4",
+                                         received=nnodes))
+    if nnodes not in ("1", "1:1") and master_port is None:
+        raise ConfigurationError(message(
+            "Several nodes meet at a rendezvous endpoint", received=f"--nnodes {nnodes} without --master-port",
+            fix="give every node the same --master-addr (node 0's address) and --master-port"))
     if not os.path.isfile(script):  # before any process starts: one message, not one per rank
-        from xdevice._errors import ConfigurationError, message
-
         raise ConfigurationError(message("No training script at that path", expected="a Python file",
                                          received=os.path.abspath(script),
                                          fix="check the path (relative to where xdevice launch runs)"))
-    gpus = visible_gpu_indices([uuid for uuid, _ in nvml_physical_gpus()])
-    processes = [subprocess.Popen([sys.executable, script, *args], env={**os.environ, **env})
-                 for env in environments(nproc_per_node, gpus=gpus, **options)]
-    try:
-        while True:
-            codes = [p.poll() for p in processes]
-            failed = [c for c in codes if c not in (None, 0)]
-            if failed:
-                _stop(processes, signal.SIGTERM)
-                return failed[0]
-            if all(c == 0 for c in codes):
-                return 0
-            time.sleep(0.05)
-    except KeyboardInterrupt:
-        _stop(processes, signal.SIGINT)
-        return 130
+    if not _registry.is_installed("torch"):
+        raise ConfigurationError(message(
+            "xdevice launch runs on torchrun's elastic agent, which comes with PyTorch",
+            received="torch not installed", fix=f"{_registry.pip_line('torch')} (whatever the script trains with)"))
+    runner = _registry.extension("torch", "launch")
+    return runner.arguments(script, list(args), nproc_per_node=nproc_per_node, nnodes=nnodes, node_rank=node_rank,
+                          master_addr=master_addr, master_port=master_port, max_restarts=max_restarts,
+                          rdzv_backend=rdzv_backend, rdzv_id=rdzv_id, log_dir=log_dir)
 
 
-def _stop(processes: list[subprocess.Popen], how: int, grace: float = 10.0) -> None:
-    """Signal the processes still running; kill those that outlive ``grace`` seconds (a
-    TensorFlow worker waiting for its peers ignores SIGTERM and SIGINT)."""
-    for p in processes:
-        if p.poll() is None:
-            p.send_signal(how)
-    deadline = time.monotonic() + grace
-    for p in processes:
-        try:
-            p.wait(max(deadline - time.monotonic(), 0.1))
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait()
+def launch(script: str, args: list[str], nproc_per_node: int, **options) -> int:
+    """Run ``python script args...`` in ``nproc_per_node`` processes under torchrun's agent
+    (options as :func:`arguments`); 0 when every rank finished, else the first failed rank's
+    exit code."""
+    return _registry.extension("torch", "launch").run(arguments(script, args, nproc_per_node, **options))
