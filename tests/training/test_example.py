@@ -29,6 +29,21 @@ def test_train_anywhere_trains_exports_and_matches_onnx_runtime(framework):
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("framework, precision", [("torch", "float16"), ("jax", "bfloat16")])
+def test_the_training_recipe_stops_early_and_its_best_checkpoint_scores_as_recorded(framework, precision):
+    pytest.importorskip(framework)
+    pytest.importorskip("tensorboardX")
+    recipe = Path(__file__).parents[2] / "examples" / "train_recipe.py"
+    done = subprocess.run([sys.executable, str(recipe), "--backend", framework, "--precision", precision],
+                          capture_output=True, text=True, timeout=600, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert re.search(r"early stopping ended it after epoch \d+", done.stdout), done.stdout[-2000:]
+    scored, recorded = map(float, re.search(r"held-out accuracy (\S+)% \(the run recorded (\S+)%", done.stdout).groups())
+    assert scored == recorded and scored > 80
+    assert "TensorBoard event files: 1" in done.stdout and re.search(r"arithmetic [\d.]+ MiB", done.stdout)
+
+
+@pytest.mark.slow
 def test_the_scaling_benchmark_runs_its_one_vs_n_path_on_virtual_cpus():
     """The path a multi-GPU machine takes, on 2 virtual CPUs: a row for 1 and for 2 devices."""
     pytest.importorskip("jax")
