@@ -81,3 +81,14 @@ def test_bad_settings_are_refused_with_the_choices():
     with pytest.raises(ConfigurationError, match="batch is the rows per device.*Received: 0"):
         estimate_memory("mlp", batch=0)
     assert np.isfinite(estimate_memory("mlp", batch=1, measure=False).total)
+
+
+def test_the_verdict_uses_a_gpus_configured_limit_and_a_cpus_own_memory(monkeypatch):
+    from xdevice import Config, Device
+    from xdevice.training import memory
+
+    monkeypatch.setattr("xdevice._configure.current_config", lambda backend: Config.make(memory_limit="1GiB"))
+    gpu = Device("gpu", 0, memory_total=80 * 2**30)
+    assert memory._available("jax", gpu) == (2**30, "the memory_limit set for gpu:0")
+    cpu = Device("cpu", 0, memory_total=16 * 2**30)  # memory_limit is per GPU
+    assert memory._available("jax", cpu) == (16 * 2**30, "cpu:0's memory")

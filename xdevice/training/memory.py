@@ -187,8 +187,8 @@ def _measure(reference: Any, backend: str, where: Any, rows: int, optimizer: str
 def _available(backend: str, where: Any) -> tuple[int | None, str]:
     from xdevice._configure import current_config
 
-    config = current_config(backend)
-    limit = config.limit_for(where) if config is not None else None
+    config = current_config(backend)  # memory_limit is per GPU: a CPU has its memory
+    limit = config.limit_for(where) if config is not None and where.kind == "gpu" else None
     if limit is not None:
         return limit, f"the memory_limit set for {where}"
     total = getattr(where, "memory_total", None)
