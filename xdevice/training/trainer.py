@@ -124,7 +124,7 @@ class Trainer:
         self._compiled = self._train is not self._train_step  # eager PyTorch: rates stay Python floats
         if accumulate > 1:
             self._accumulate, self._apply_total = compile_step(self._accumulate_step), compile_step(self._apply_step)
-            self._zeros = self.replicas.place_params(
+            self._zeros = self._placed(  # beside each parameter (stages: on its stage's device)
                 {k: self.ops.zeros(self.ops.shape(v), self.ops.dtype(v)) for k, v in self.program.params.items()})
             self._total, self._group = self._zeros, []  # the summed gradients, (rows, loss, metrics) so far
         self._evaluate = compile_(self._eval_step)
