@@ -25,8 +25,11 @@ demo: $(STAMP)
 	$(BIN)/python examples/train_recipe.py --backend jax
 	$(BIN)/python examples/serve_end_to_end.py
 
+# Two workers (pytest-xdist), each taking whole files: 13.5 min here instead of 20 in one.
+TEST_WORKERS ?= 2
+
 test: $(STAMP)
-	$(BIN)/python -m pytest --durations=25
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile --durations=25
 
 # The longer sets behind the realworld marker: the whole real-model suite (tests/realworld:
 # transformers, keras.applications, Flax, equinox), the rest of the conversion matrix and JAX's
