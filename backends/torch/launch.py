@@ -23,11 +23,13 @@ Keys are scoped by the run id and the restart count, so a restarted group publis
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import runpy
 import socket
 import sys
+import traceback
 import uuid
 from datetime import timedelta
 
@@ -124,13 +126,33 @@ def _visible_gpus() -> list[int]:
 
 
 def main(argv: list[str]) -> None:
-    """A worker: set up the frameworks' environment, then run the script as ``__main__``."""
+    """A worker: set up the frameworks' environment, run the script as ``__main__``, then end
+    the process once its exit handlers ran (xdevice's leaves the process group in order).
+
+    The end skips the interpreter's own teardown: there, gloo's and the store's threads can
+    still be joinable when C++ destroys them, which aborts a finished worker ("terminate
+    called without an active exception") and fails a run that succeeded."""
     if not argv:
         raise SystemExit("usage: python -m xdevice.backends.torch.launch SCRIPT [ARGS...] (under torchrun)")
     os.environ.update(environment())
     sys.argv = list(argv)
     sys.path.insert(0, os.path.dirname(os.path.abspath(argv[0])))
-    runpy.run_path(argv[0], run_name="__main__")
+    code = 0
+    try:
+        runpy.run_path(argv[0], run_name="__main__")
+    except SystemExit as stop:  # sys.exit(n), or sys.exit("message"): printed, status 1
+        if isinstance(stop.code, int) or stop.code is None:
+            code = stop.code or 0
+        else:
+            print(stop.code, file=sys.stderr)
+            code = 1
+    except BaseException:  # noqa: BLE001 - reported as the interpreter would, then the same end
+        traceback.print_exc()
+        code = 1
+    atexit._run_exitfuncs()  # noqa: SLF001 - the handlers the interpreter would run at exit
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    os._exit(code)
 
 
 if __name__ == "__main__":
