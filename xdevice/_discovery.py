@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import importlib.metadata
 import os
 import platform
 import threading
@@ -249,6 +248,8 @@ def _gpus_from_running_frameworks() -> list[Device]:
 @functools.lru_cache(maxsize=1)
 def _distributions() -> dict[str, str]:
     """Installed distributions and versions: read once (half a second with big frameworks)."""
+    import importlib.metadata  # read on first use, not at `import xdevice` (30 ms)
+
     found = {}
     for dist in importlib.metadata.distributions():
         with contextlib.suppress(Exception):
