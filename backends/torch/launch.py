@@ -46,7 +46,7 @@ def arguments(script: str, args: list[str], *, nproc_per_node: int, nnodes: str 
     """torchrun's arguments to run ``script args`` in ``nproc_per_node`` workers per node (each
     a worker of this module, which then runs the script)."""
     line = ["--nproc-per-node", str(nproc_per_node), "--nnodes", nnodes, "--max-restarts", str(max_restarts),
-            "--tee", "3", "--shutdown-timeout", "10"]  # a worker ignoring SIGTERM is killed 10 s later
+            "--tee", "3", "--shutdown-timeout", "10"]  # a stopped agent (Ctrl-C) kills workers 10 s after SIGTERM
     if master_port is None and nnodes in ("1", "1:1"):  # torchrun's --standalone: c10d on a free local port
         line += ["--rdzv-backend", "c10d", "--rdzv-endpoint", "localhost:0", "--rdzv-id", rdzv_id or str(uuid.uuid4())]
     else:
@@ -122,7 +122,7 @@ def _free_port(host: str) -> int:
 def _visible_gpus() -> list[int]:
     from xdevice._discovery import nvml_physical_gpus, visible_gpu_indices
 
-    return visible_gpu_indices([uuid for uuid, _ in nvml_physical_gpus()])
+    return visible_gpu_indices([gpu_uuid for gpu_uuid, _ in nvml_physical_gpus()])
 
 
 def main(argv: list[str]) -> None:

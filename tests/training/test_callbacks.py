@@ -113,18 +113,13 @@ class Terminal(io.StringIO):
 
 
 def test_progress_is_a_live_tqdm_bar_on_a_terminal_and_lines_elsewhere(monkeypatch):
-    from xdevice.training import callbacks
-
     screen = Terminal()
-    real = callbacks.Progress.__init__
-    monkeypatch.setattr(callbacks.Progress, "__init__",
-                        lambda self, epochs, total, stream=None: real(self, epochs, total, screen))
+    monkeypatch.setattr("sys.stdout", screen)
     fit(models.build("mlp", seed=1, **MLP), data(), epochs=2, batch_size=8, verbose=1)
     shown = screen.getvalue()
     assert "\r" in shown and "step/s" in shown and "epoch 1/2:" in shown  # tqdm's bar
     assert "epoch 1/2  loss" in shown and "epoch 2/2  loss" in shown  # each epoch's summary
     plain = io.StringIO()
-    monkeypatch.setattr(callbacks.Progress, "__init__",
-                        lambda self, epochs, total, stream=None: real(self, epochs, total, plain))
+    monkeypatch.setattr("sys.stdout", plain)
     fit(models.build("mlp", seed=1, **MLP), data(), epochs=2, batch_size=8, verbose=1)
     assert "\r" not in plain.getvalue() and len(plain.getvalue().splitlines()) == 2

@@ -49,6 +49,33 @@ def test_a_model_with_batch_norm_trains_the_same_everywhere(backend):
                                rtol=1e-4, atol=1e-5)
 
 
+def torch_loop(torch, module, optimizer, x, y, *, epochs: int = 1, batch: int = 8, after_backward=None,
+               scheduler=None) -> list[float]:
+    """A plain torch loop over the batches in order (fit's shuffle=False): each step's loss."""
+    losses = []
+    for _ in range(epochs):
+        for start in range(0, len(x), batch):
+            loss = torch.nn.functional.cross_entropy(module(torch.as_tensor(x[start:start + batch])),
+                                                     torch.as_tensor(y[start:start + batch]))
+            optimizer.zero_grad()
+            loss.backward()
+            if after_backward is not None:
+                after_backward()
+            optimizer.step()
+            if scheduler is not None:
+                scheduler.step()
+            losses.append(loss.item())
+    return losses
+
+
+def assert_trained_as(history, expected: list[float], model, module) -> None:
+    """fit's losses and weights are the torch loop's."""
+    np.testing.assert_allclose(history.steps, expected, rtol=1e-5, atol=1e-6)
+    trained = {k: v.detach().numpy() for k, v in module.state_dict().items()}
+    for key, value in model.numpy_params().items():
+        np.testing.assert_allclose(value, trained[key], rtol=1e-5, atol=1e-6)
+
+
 @pytest.mark.parametrize("optimizer", list(OPTIMIZERS))
 def test_the_optimizers_do_what_torch_optim_does(optimizer):
     torch = pytest.importorskip("torch")
@@ -60,19 +87,9 @@ def test_the_optimizers_do_what_torch_optim_does(optimizer):
               "momentum": lambda p: torch.optim.SGD(p, momentum=0.9, **settings),
               "adam": lambda p: torch.optim.Adam(p, **settings),
               "adamw": lambda p: torch.optim.AdamW(p, **settings)}[optimizer](module.parameters())
-    expected = []
-    for start in range(0, 80, 8):  # shuffle=False: the batches in order
-        loss = torch.nn.functional.cross_entropy(module(torch.as_tensor(x[start:start + 8])),
-                                                 torch.as_tensor(y[start:start + 8]))
-        native.zero_grad()
-        loss.backward()
-        native.step()
-        expected.append(loss.item())
+    expected = torch_loop(torch, module, native, x, y)
     history = fit(model, (x, y), optimizer=optimizer, batch_size=8, shuffle=False, verbose=0, **settings)
-    np.testing.assert_allclose(history.steps, expected, rtol=1e-5, atol=1e-6)
-    trained = {k: v.detach().numpy() for k, v in module.state_dict().items()}
-    for key, value in model.numpy_params().items():
-        np.testing.assert_allclose(value, trained[key], rtol=1e-5, atol=1e-6)
+    assert_trained_as(history, expected, model, module)
 
 
 def test_resuming_a_checkpoint_gives_exactly_the_next_steps(backend, tmp_path):
@@ -200,26 +217,19 @@ def test_gradient_clipping_does_what_torch_nn_utils_does(clip):
     x, y = data()
     model = models.build("mlp", backend="torch", seed=1, **SMALL_MLP)
     module = models.to_native(model, "torch")
-    native = torch.optim.SGD(module.parameters(), lr=0.5)
-    expected, clipped = [], 0
-    for start in range(0, 80, 8):
-        loss = torch.nn.functional.cross_entropy(module(torch.as_tensor(x[start:start + 8])),
-                                                 torch.as_tensor(y[start:start + 8]))
-        native.zero_grad()
-        loss.backward()
+    clipped = []
+
+    def clip_as_torch_does():
         if "clip_value" in clip:
             torch.nn.utils.clip_grad_value_(module.parameters(), clip["clip_value"])
         if "clip_norm" in clip:
-            norm = torch.nn.utils.clip_grad_norm_(module.parameters(), clip["clip_norm"])
-            clipped += int(norm > clip["clip_norm"])
-        native.step()
-        expected.append(loss.item())
-    assert "clip_norm" not in clip or clipped >= 5  # the limit really bites
+            clipped.append(torch.nn.utils.clip_grad_norm_(module.parameters(), clip["clip_norm"]) > clip["clip_norm"])
+
+    expected = torch_loop(torch, module, torch.optim.SGD(module.parameters(), lr=0.5), x, y,
+                          after_backward=clip_as_torch_does)
+    assert "clip_norm" not in clip or sum(clipped) >= 5  # the limit really bites
     history = fit(model, (x, y), optimizer="sgd", lr=0.5, batch_size=8, shuffle=False, verbose=0, **clip)
-    np.testing.assert_allclose(history.steps, expected, rtol=1e-5, atol=1e-6)
-    trained = {k: v.detach().numpy() for k, v in module.state_dict().items()}
-    for key, value in model.numpy_params().items():
-        np.testing.assert_allclose(value, trained[key], rtol=1e-5, atol=1e-6)
+    assert_trained_as(history, expected, model, module)
 
 
 def test_clipping_gives_the_same_steps_on_every_backend(backend):

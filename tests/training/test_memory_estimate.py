@@ -7,7 +7,6 @@ import json
 import subprocess
 import sys
 
-import numpy as np
 import pytest
 
 from xdevice import ConfigurationError, estimate_memory, models
@@ -76,11 +75,10 @@ def test_the_command_prints_the_table_and_says_when_it_does_not_fit():
 
 
 def test_bad_settings_are_refused_with_the_choices():
-    with pytest.raises(ConfigurationError, match="Unknown optimizer.*Valid choices: sgd, momentum, adam, adamw"):
+    with pytest.raises(ConfigurationError, match="Unknown optimizer.*Valid choices: adam, adamw, momentum, sgd"):
         estimate_memory("mlp", batch=8, optimizer="lamb")
     with pytest.raises(ConfigurationError, match="batch is the rows per device.*Received: 0"):
         estimate_memory("mlp", batch=0)
-    assert np.isfinite(estimate_memory("mlp", batch=1, measure=False).total)
 
 
 def test_the_verdict_uses_a_gpus_configured_limit_and_a_cpus_own_memory(monkeypatch):

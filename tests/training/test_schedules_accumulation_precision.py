@@ -10,6 +10,8 @@ from xdevice import ConfigurationError, Trainer, fit, models
 from xdevice.training import schedules
 from xdevice.training.precision import LossScale
 
+from .test_fit import assert_trained_as, torch_loop
+
 MLP = {"hidden": [16], "inputs": 6, "classes": 3}
 
 
@@ -62,22 +64,10 @@ def test_a_scheduled_run_matches_a_torch_loop_with_its_scheduler():
     module = models.to_native(model, "torch")
     native = torch.optim.SGD(module.parameters(), lr=0.5)
     scheduler = torch.optim.lr_scheduler.OneCycleLR(native, max_lr=0.5, total_steps=20, cycle_momentum=False)
-    expected = []
-    for epoch in range(2):
-        for start in range(0, 80, 8):
-            loss = torch.nn.functional.cross_entropy(module(torch.as_tensor(x[start:start + 8])),
-                                                     torch.as_tensor(y[start:start + 8]))
-            native.zero_grad()
-            loss.backward()
-            native.step()
-            scheduler.step()
-            expected.append(loss.item())
+    expected = torch_loop(torch, module, native, x, y, epochs=2, scheduler=scheduler)
     history = fit(model, (x, y), optimizer="sgd", lr=schedules.one_cycle(0.5, total_steps=20), epochs=2,
                   batch_size=8, shuffle=False, verbose=0)
-    np.testing.assert_allclose(history.steps, expected, rtol=1e-5, atol=1e-6)
-    trained = {k: v.detach().numpy() for k, v in module.state_dict().items()}
-    for key, value in model.numpy_params().items():
-        np.testing.assert_allclose(value, trained[key], rtol=1e-5, atol=1e-6)
+    assert_trained_as(history, expected, model, module)
 
 
 def test_a_schedule_gives_the_same_steps_on_every_backend(backend):
@@ -94,9 +84,14 @@ def test_a_schedule_gives_the_same_steps_on_every_backend(backend):
 
 def test_any_callable_is_a_schedule():
     x, y = data()
-    history = fit(models.build("mlp", seed=1, **MLP), (x, y), optimizer="sgd", lr=lambda step: 0.1 / (1 + step),
+    stopped = fit(models.build("mlp", seed=1, **MLP), (x, y), optimizer="sgd", lr=lambda step: 0.1 if step < 4 else 0.0,
                   epochs=1, batch_size=8, verbose=0)
-    assert history.last("lr") == pytest.approx(0.1 / 10)
+    four = fit(models.build("mlp", seed=1, **MLP), (x, y), optimizer="sgd", lr=0.1, epochs=1, steps=4, batch_size=8,
+               verbose=0)
+    np.testing.assert_allclose(stopped.steps[:4], four.steps, rtol=1e-6)  # its rates drive the steps:
+    for key, value in four.model.numpy_params().items():  # rate 0 from step 4 on leaves the weights
+        np.testing.assert_allclose(stopped.model.numpy_params()[key], value, rtol=1e-6, err_msg=key)
+    assert stopped.last("lr") == 0.0
 
 
 def test_a_resumed_run_continues_its_schedule_exactly(backend, tmp_path):

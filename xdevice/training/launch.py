@@ -59,12 +59,7 @@ def arguments(script: str, args: list[str], nproc_per_node: int, *, nnodes: str 
         raise ConfigurationError(message("No training script at that path", expected="a Python file",
                                          received=os.path.abspath(script),
                                          fix="check the path (relative to where xdevice launch runs)"))
-    if not _registry.is_installed("torch"):
-        raise ConfigurationError(message(
-            "xdevice launch runs on torchrun's elastic agent, which comes with PyTorch",
-            received="torch not installed", fix=f"{_registry.pip_line('torch')} (whatever the script trains with)"))
-    runner = _registry.extension("torch", "launch")
-    return runner.arguments(script, list(args), nproc_per_node=nproc_per_node, nnodes=nnodes, node_rank=node_rank,
+    return _agent().arguments(script, list(args), nproc_per_node=nproc_per_node, nnodes=nnodes, node_rank=node_rank,
                           master_addr=master_addr, master_port=master_port, max_restarts=max_restarts,
                           rdzv_backend=rdzv_backend, rdzv_id=rdzv_id, log_dir=log_dir)
 
@@ -73,4 +68,13 @@ def launch(script: str, args: list[str], nproc_per_node: int, **options) -> int:
     """Run ``python script args...`` in ``nproc_per_node`` processes under torchrun's agent
     (options as :func:`arguments`); 0 when every rank finished, else the first failed rank's
     exit code."""
-    return _registry.extension("torch", "launch").run(arguments(script, args, nproc_per_node, **options))
+    return _agent().run(arguments(script, args, nproc_per_node, **options))
+
+
+def _agent():
+    """The torch backend's ``launch`` module: torchrun's command line and the workers' set-up."""
+    if not _registry.is_installed("torch"):
+        raise ConfigurationError(message(
+            "xdevice launch runs on torchrun's elastic agent, which comes with PyTorch",
+            received="torch not installed", fix=f"{_registry.pip_line('torch')} (whatever the script trains with)"))
+    return _registry.extension("torch", "launch")

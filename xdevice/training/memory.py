@@ -84,9 +84,6 @@ class MemoryEstimate:
         return {**dataclasses.asdict(self), "total": self.total, "needed": self.needed, "fits": self.fits}
 
 
-_SLOTS = {"sgd": 0, "momentum": 1, "adam": 2, "adamw": 2}
-
-
 def estimate_memory(model: Any, *, batch: int, optimizer: str = "adam", precision: str = "float32",
                     backend: str | None = None, device: Any = "cpu", measure: bool = True,
                     **spec: Any) -> MemoryEstimate:
@@ -103,9 +100,9 @@ def estimate_memory(model: Any, *, batch: int, optimizer: str = "adam", precisio
     """
     from xdevice import models
     from xdevice.backends.training import PRECISIONS
+    from xdevice.training.optimizers import optimizer as make_optimizer
 
-    if optimizer not in _SLOTS:
-        raise ConfigurationError(message("Unknown optimizer", received=optimizer, choices=list(_SLOTS)))
+    slots = len(make_optimizer(optimizer).slots)  # per-parameter state arrays (an unknown name: the choices)
     if precision not in PRECISIONS:
         raise ConfigurationError(message("Unknown precision", received=precision, choices=PRECISIONS))
     if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
@@ -118,7 +115,7 @@ def estimate_memory(model: Any, *, batch: int, optimizer: str = "adam", precisio
     sizes = {k: v.nbytes for k, v in reference.numpy_params().items()}
     weights = sum(sizes.values())
     trained = sum(sizes[k] for k in reference.trainable)
-    parts = {"parameters": weights, "gradients": trained, "optimizer state": _SLOTS[optimizer] * trained}
+    parts = {"parameters": weights, "gradients": trained, "optimizer state": slots * trained}
     if precision != "float32":
         parts["half copy of params"] = weights // 2
     parts["activations (forward)"] = _activations(reference, batch, 2 if precision != "float32" else 4)
@@ -191,5 +188,4 @@ def _available(backend: str, where: Any) -> tuple[int | None, str]:
     limit = config.limit_for(where) if config is not None and where.kind == "gpu" else None
     if limit is not None:
         return limit, f"the memory_limit set for {where}"
-    total = getattr(where, "memory_total", None)
-    return total, f"{where}'s memory" if total is not None else f"{where}'s memory (unknown)"
+    return where.memory_total, f"{where}'s memory" + ("" if where.memory_total is not None else " (unknown)")

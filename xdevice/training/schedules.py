@@ -101,17 +101,15 @@ class OneCycle(Schedule):
 
     def __call__(self, step: int) -> float:
         first = self.lr / self.div_factor
-        phases = [(float(self.pct_start * self.total_steps) - 1, first, self.lr),
-                  (self.total_steps - 1, self.lr, first / self.final_div_factor)]
-        start = 0.0
-        for end, high, low in phases:
-            if step <= end or end == phases[-1][0]:
-                pct = (step - start) / (end - start)
-                if self.anneal == "cos":
-                    return low + (high - low) / 2 * (math.cos(math.pi * pct) + 1)
-                return (low - high) * pct + high
-            start = end
-        raise AssertionError("unreachable")
+        peak = float(self.pct_start * self.total_steps) - 1  # the step where the rise ends, as torch counts
+        if step <= peak:
+            start, end, high, low = 0.0, peak, first, self.lr
+        else:
+            start, end, high, low = peak, self.total_steps - 1, self.lr, first / self.final_div_factor
+        pct = (step - start) / (end - start)
+        if self.anneal == "cos":
+            return low + (high - low) / 2 * (math.cos(math.pi * pct) + 1)
+        return (low - high) * pct + high
 
 
 @dataclasses.dataclass(frozen=True)

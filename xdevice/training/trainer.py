@@ -27,6 +27,8 @@ import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import numpy as np
+
 from xdevice._errors import ConfigurationError, message
 from xdevice.training import checkpoint
 from xdevice.training.callbacks import Callback, Progress
@@ -180,9 +182,8 @@ class Trainer:
     def _apply_step(self, params, state, total, rows, lr):
         """The optimizer's step on the accumulated gradients' row-weighted mean."""
         ops = self.ops
-        grads = {k: ops.divide(g, ops.cast(rows, ops.dtype(g))) for k, g in total.items()}
-        params, state, skipped = self._apply(params, state, grads, lr)
-        return params, state, skipped
+        return self._apply(params, state, {k: ops.divide(g, ops.cast(rows, ops.dtype(g))) for k, g in total.items()},
+                           lr)
 
     def _clipped(self, grads: dict) -> dict:
         """Gradient clipping as torch.nn.utils does it: by value first, then by global norm."""
@@ -239,11 +240,7 @@ class Trainer:
     def _argument(self, number: float) -> Any:
         """A number handed to the step: a float32 scalar for a compiled step (one trace for
         every value), the Python number for an eager one (PyTorch's fused updates take it)."""
-        if not self._compiled:
-            return number
-        import numpy as np
-
-        return np.float32(number)
+        return np.float32(number) if self._compiled else number
 
     # -- loops ----------------------------------------------------------------------------
 
@@ -281,7 +278,7 @@ class Trainer:
         for callback in callbacks:
             callback.on_fit_begin(self)
         while self.epoch < epochs and (steps is None or taken < steps) and not self.stop_training:
-            began, sums, lr = time.perf_counter(), {"rows": 0}, None
+            began, sums = time.perf_counter(), {"rows": 0}
             for callback in callbacks:
                 callback.on_epoch_begin(self, self.epoch + 1)
             loader = Prefetcher(source.epoch(self.epoch, self.batch), self._place, prefetch)
@@ -289,29 +286,28 @@ class Trainer:
             try:
                 for x, y, n in loader:
                     self.batch += 1
-                    lr = self.schedule(self.step_count)
                     done = self._step(x, y, n, last=len(source) > 0 and self.batch >= len(source))
                     if done is None:  # an accumulated step waits for its other batches
                         continue
-                    self._record(done, sums, lr, callbacks)
+                    self._record(done, sums, callbacks)
                     taken += 1
                     if (steps is not None and taken >= steps) or self.stop_training:
                         finished = len(source) > 0 and self.batch >= len(source)
                         break
                 else:
                     if self.accumulate > 1 and self._group:  # batches of unknown count ended mid-step
-                        self._record(self._finish_group(), sums, lr, callbacks)
+                        self._record(self._finish_group(), sums, callbacks)
             finally:
                 loader.close()
             if not finished:
                 break
             seconds = time.perf_counter() - began
-            rows, skipped = sums.pop("rows"), sums.pop(_SKIPPED, 0.0)
+            rows, skipped, lr = sums.pop("rows"), sums.pop(_SKIPPED, 0.0), sums.pop("lr", None)
             record: dict[str, Any] = {"epoch": self.epoch + 1, **{k: v / max(rows, 1) for k, v in sums.items()}}
             if validation is not None:
                 record.update({f"val_{k}": v for k, v in self.evaluate(validation, batch_size=batch_size).items()})
             if lr is not None:
-                record["lr"] = lr
+                record["lr"] = lr  # the epoch's last step's
             if self.scaler is not None:
                 record["skipped_steps"] = int(skipped)
                 record["loss_scale"] = self._float(self.state["amp/scale"])
@@ -330,11 +326,12 @@ class Trainer:
         self.history.model = self.program.result()
         return self.history
 
-    def _record(self, done: tuple[float, dict[str, float], int], sums: dict[str, float], lr: float,
+    def _record(self, done: tuple[float, dict[str, float], int], sums: dict[str, float],
                 callbacks: list[Callback]) -> None:
-        """An optimizer step into the epoch's sums (``skipped``: a count, the rest weighted by
-        rows), the history and the callbacks."""
+        """An optimizer step into the epoch's sums (``skipped``: a count, ``lr``: the last
+        rate, the rest weighted by rows), the history and the callbacks."""
         loss, metrics, rows = done
+        lr = sums["lr"] = self.schedule(self.step_count - 1)  # the rate the step just taken used
         sums["rows"] += rows
         sums[_SKIPPED] = sums.get(_SKIPPED, 0.0) + metrics.pop(_SKIPPED, 0.0)
         for key, value in {"loss": loss, **metrics}.items():
@@ -461,8 +458,6 @@ def _check_input(declared: Any, data: Any) -> None:
     rows of the model's shape (token ids: its rank), and its dtype."""
     if declared is None or not isinstance(data, tuple) or not data or not hasattr(data[0], "shape"):
         return
-    import numpy as np
-
     x = data[0]
     tokens = np.issubdtype(declared.dtype, np.integer)
     want = f"{declared.dtype}[rows, {', '.join(map(str, declared.shape[1:]))}]"
