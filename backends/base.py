@@ -60,6 +60,9 @@ class Backend(abc.ABC):
         supports_processes: trains data-parallel across processes that ``xdevice launch``
             started (``process_replicas``).
         has_default_device: the framework has a default device that ``xdevice.on`` sets.
+        dlpack_alignment: the byte alignment a buffer must have for the framework to take
+            it over without a copy (TensorFlow's kernels abort on a misaligned one); 1: any.
+        dlpack_strided: the framework takes a strided (non row-major) buffer as a view.
     """
 
     name: ClassVar[str]
@@ -76,6 +79,8 @@ class Backend(abc.ABC):
     supports_replication: ClassVar[bool] = False
     supports_processes: ClassVar[bool] = False
     has_default_device: ClassVar[bool] = True
+    dlpack_alignment: ClassVar[int] = 1
+    dlpack_strided: ClassVar[bool] = True
 
     # -- devices.py ---------------------------------------------------------------------
 
@@ -172,6 +177,11 @@ class Backend(abc.ABC):
     @abc.abstractmethod
     def zeros(self, shape: tuple[int, ...], dtype: str = "float32") -> Any:
         """A new array of zeros on the current default device."""
+
+    def is_dense(self, x: Any) -> bool:
+        """Whether ``x`` is laid out densely in row-major order (no strides, no offset gaps);
+        arrays are dense unless a backend says."""
+        return True
 
     def dense(self, x: Any) -> Any:
         """``x`` laid out densely in row-major order, as a DLPack consumer that ignores

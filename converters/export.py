@@ -35,6 +35,7 @@ import dataclasses
 import json
 import os
 import re
+import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -170,7 +171,7 @@ def export(model: Any, path: str | os.PathLike | None = None, *, backend: str | 
     name, target, inputs, second = _source(model, backend, example_inputs, dynamic_batch)
     axes = _axes(inputs, dynamic_batch, dynamic_axes)
     second = _resized(second if dynamic_batch else inputs, axes)
-    exporter = _registry.backend(name)
+    exporter = _OwnGraph(target) if _is_imported(target) else _registry.backend(name)
     _runs_on(exporter, target, inputs)
     start = time.perf_counter()
     proto = exporter.export_onnx(target, inputs, opset, axes)
@@ -237,11 +238,35 @@ def _source(model: Any, backend: str | None, example_inputs: Any, dynamic_batch:
                 expected="an array, a tuple of arrays, or a dict of them (named inputs), batch first",
                 received=f"{type(model).__qualname__} with example_inputs=None",
                 fix="export(model, example_inputs=np.zeros((2, 784), 'float32')) with your input's shape"))
-        name = backend or _framework_of(model)
+        name = model.backend.name if _is_imported(model) else backend or _framework_of(model)
         target = model
     inputs = _as_inputs(example_inputs)
     _check_example(inputs, dynamic_batch)
     return name, target, inputs, _resampled(inputs)
+
+
+def _is_imported(model: Any) -> bool:
+    """An ``ImportedModel`` (only possible once the importer module was loaded)."""
+    module = sys.modules.get("xdevice.converters.importer.model")
+    return module is not None and isinstance(model, module.ImportedModel)
+
+
+class _OwnGraph:
+    """The exporter of an imported ONNX model: its own graph with its current weights
+    (``ImportedModel.to_onnx``), on whichever backend it runs. No framework tracer is
+    involved, so a model fine-tuned on any backend exports the same way, and none can bring
+    the interpreter down (PyTorch's TorchScript fallback did, on its interpreter's Python)."""
+
+    def __init__(self, model: Any):
+        self.model = model
+        self.name = model.backend.name
+
+    def export_onnx(self, target: Any, inputs: Inputs, opset: int, axes: list[dict[int, str]]) -> Any:
+        return target.to_onnx()
+
+    def native_outputs(self, target: Any, inputs: Inputs) -> list[Any]:
+        outputs = target(*inputs)
+        return [to_host(y) for y in (outputs if isinstance(outputs, tuple) else (outputs,))]
 
 
 def _framework_of(model: Any) -> str:

@@ -83,15 +83,18 @@ def convert(x: Any, to: str, *, device: Any = None, copy: bool | None = None) ->
     if source is target:
         result = x
     else:
-        try:
-            result = target.from_dlpack(x)
-        except (TypeError, ValueError, RuntimeError, BufferError) as error:
+        refused = _unshareable(source, target, x)
+        if refused is None:
+            try:
+                result = target.from_dlpack(x)
+            except (TypeError, ValueError, RuntimeError, BufferError) as error:
+                refused = f"{type(error).__name__}: {error}"
+        if refused is not None:
             if copy is False:
                 raise ConversionError(message(
                     f"{source.name} -> {to} cannot share memory for this array",
-                    received=f"{type(error).__name__}: {error}",
-                    fix="pass copy=None to allow a host copy")) from error
-            result = target.from_dlpack(source.to_numpy(x))
+                    received=refused, fix="pass copy=None to allow a host copy"))
+            result = target.from_dlpack(_host_copy(source.to_numpy(x), target.dlpack_alignment))
             result = target.to_device(result, source.device_of(x))
         if copy is False and target.data_pointer(result) != source.data_pointer(x):
             raise ConversionError(message(
@@ -102,6 +105,31 @@ def convert(x: Any, to: str, *, device: Any = None, copy: bool | None = None) ->
     if device is not None:
         result = target.to_device(result, find(device, backend=to))
     return result
+
+
+def _unshareable(source: Any, target: Any, x: Any) -> str | None:
+    """Why ``target`` cannot take ``x``'s buffer as it is (None: it can). The one rule for
+    every pair: a consumer that needs aligned or row-major buffers gets a copy otherwise,
+    because TensorFlow accepts a misaligned DLPack buffer and then aborts the process in its
+    first kernel (``Check failed: IsAligned()``)."""
+    if target.dlpack_alignment > 1 and source.data_pointer(x) % target.dlpack_alignment:
+        return f"the data is not {target.dlpack_alignment}-byte aligned, as {target.title} needs"
+    if not target.dlpack_strided and not source.is_dense(x):
+        return f"the data is strided, and {target.title} takes only row-major buffers"
+    return None
+
+
+def _host_copy(x: Any, alignment: int) -> Any:
+    """A row-major, writable copy of the numpy array ``x`` whose data starts on an
+    ``alignment``-byte boundary (numpy's allocator promises only 16)."""
+    import numpy as np
+
+    alignment = max(alignment, 1)
+    raw = np.empty(x.nbytes + alignment, dtype=np.uint8)
+    start = -raw.ctypes.data % alignment
+    out = raw[start:start + x.nbytes].view(x.dtype).reshape(x.shape)
+    np.copyto(out, x)
+    return out
 
 
 def to_host(x: Any) -> Any:

@@ -34,3 +34,9 @@ class Placement:
 
     def zeros(self, shape: tuple[int, ...], dtype: str = "float32") -> Any:
         return np.zeros(shape, dtype=dtype)
+
+    def is_dense(self, x: Any) -> bool:
+        return bool(x.flags.c_contiguous)
+
+    def dense(self, x: Any) -> Any:
+        return np.ascontiguousarray(x)

@@ -24,4 +24,6 @@ class TensorflowBackend(Devices, Memory, Placement, Autodiff, Native, Export, Re
     supports_virtual_devices = True
     supports_replication = True
     supports_processes = True
+    dlpack_alignment = 64  # Eigen's EIGEN_MAX_ALIGN_BYTES: tensor.h's IsAligned() check aborts below it
+    dlpack_strided = False  # TensorFlow refuses DLPack strides that are not compact row-major
     ops = TensorflowOps()

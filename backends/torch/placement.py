@@ -44,6 +44,9 @@ class Placement:
     def zeros(self, shape: tuple[int, ...], dtype: str = "float32") -> Any:
         return torch.zeros(shape, dtype=getattr(torch, dtype))
 
+    def is_dense(self, x: Any) -> bool:
+        return bool(x.is_contiguous())
+
     def dense(self, x: Any) -> Any:
         return x.contiguous()
 

@@ -20,6 +20,8 @@ from xdevice.converters.load import load_model
 __all__ = ["ImportedModel", "from_onnx"]
 
 _FLOATS = ("float16", "bfloat16", "float32", "float64")
+#: ONNX's TensorProto data types of the floats above (FLOAT16, FLOAT, DOUBLE, BFLOAT16)
+_FLOAT_NAMES = {10: "float16", 1: "float32", 11: "float64", 16: "bfloat16"}
 
 
 def _numeric_static(value: Any) -> bool:
@@ -150,6 +152,23 @@ class ImportedModel:
                 "This graph cannot be traced: it needs concrete data while it is built",
                 received=f"{type(error).__name__}: {str(error).splitlines()[0][:300]}",
                 fix="call the model (or apply) eagerly")) from error
+
+    def to_onnx(self) -> Any:
+        """The model as an ``onnx.ModelProto`` again: its own graph, with the current weights
+        (fine-tuned ones included) as initializers. No framework exporter runs, so this is
+        the same on every backend and cannot fail the way a tracer can."""
+        import onnx
+        from onnx import numpy_helper
+
+        from xdevice._tensors import to_host
+
+        proto = onnx.ModelProto()
+        proto.CopyFrom(self.proto)
+        for tensor in proto.graph.initializer:
+            if tensor.name in self.params:
+                value = to_host(self.params[tensor.name]).astype(numpy_dtype(_FLOAT_NAMES[tensor.data_type]))
+                tensor.CopyFrom(numpy_helper.from_array(value, tensor.name))
+        return proto
 
     def _program(self, inputs: tuple) -> tuple[Any, list[Any]]:
         with self._scope():
