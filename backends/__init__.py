@@ -15,7 +15,7 @@ import types
 
 
 class _CallablePackage(types.ModuleType):
-    def __call__(self, *, all: bool = False) -> list[str]:  # noqa: A002 - mirrors the public API
+    def __call__(self, *, all: bool = False) -> list[str]:
         from xdevice._registry import backends
 
         return backends(all=all)

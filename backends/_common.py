@@ -9,9 +9,22 @@ from xdevice._device import Device
 from xdevice._errors import ConversionError, message
 from xdevice._types import Applied, Config, How, MemoryStats
 
-__all__ = ["dlpack_data_pointer", "memory_not_applied", "cpu_only_stats", "map_leaves", "ml_dtype", "is_numpy_bfloat16",
-           "flat_outputs", "output_names", "record_output_names", "OUTPUT_NAMES", "as_function", "exporter_failed",
-           "Inputs", "call_with"]
+__all__ = [
+    "dlpack_data_pointer",
+    "memory_not_applied",
+    "cpu_only_stats",
+    "map_leaves",
+    "ml_dtype",
+    "is_numpy_bfloat16",
+    "flat_outputs",
+    "output_names",
+    "record_output_names",
+    "OUTPUT_NAMES",
+    "as_function",
+    "exporter_failed",
+    "Inputs",
+    "call_with",
+]
 
 #: where a backend's export_onnx leaves the source's output names for core to apply
 OUTPUT_NAMES = "xdevice:output_names"
@@ -26,9 +39,15 @@ class _DLDataType(ctypes.Structure):
 
 
 class _DLTensor(ctypes.Structure):
-    _fields_ = [("data", ctypes.c_void_p), ("device", _DLDevice), ("ndim", ctypes.c_int),
-                ("dtype", _DLDataType), ("shape", ctypes.POINTER(ctypes.c_int64)),
-                ("strides", ctypes.POINTER(ctypes.c_int64)), ("byte_offset", ctypes.c_uint64)]
+    _fields_ = [
+        ("data", ctypes.c_void_p),
+        ("device", _DLDevice),
+        ("ndim", ctypes.c_int),
+        ("dtype", _DLDataType),
+        ("shape", ctypes.POINTER(ctypes.c_int64)),
+        ("strides", ctypes.POINTER(ctypes.c_int64)),
+        ("byte_offset", ctypes.c_uint64),
+    ]
 
 
 _get_pointer = ctypes.pythonapi.PyCapsule_GetPointer
@@ -48,8 +67,11 @@ def dlpack_data_pointer(capsule: Any) -> int:
 
 def memory_not_applied(backend: str, config: Config, how: How, why: str) -> list[Applied]:
     """One report row per requested memory setting that did not apply, saying why."""
-    return [Applied(backend, setting, getattr(config, setting), how, why)
-            for setting in ("memory_growth", "memory_limit") if getattr(config, setting) is not None]
+    return [
+        Applied(backend, setting, getattr(config, setting), how, why)
+        for setting in ("memory_growth", "memory_limit")
+        if getattr(config, setting) is not None
+    ]
 
 
 def cpu_only_stats(backend: str, device: Device) -> MemoryStats:
@@ -131,9 +153,11 @@ def ml_dtype(name: str = "bfloat16") -> Any:
     try:
         import ml_dtypes
     except ImportError as error:
-        raise ConversionError(message(
-            f"numpy has no {name} type without ml_dtypes", received=f"a {name} array",
-            fix="pip install ml_dtypes")) from error
+        raise ConversionError(
+            message(
+                f"numpy has no {name} type without ml_dtypes", received=f"a {name} array", fix="pip install ml_dtypes"
+            )
+        ) from error
     return getattr(ml_dtypes, name)
 
 
@@ -144,6 +168,7 @@ def is_numpy_bfloat16(x: Any) -> bool:
 
 
 # -- ONNX export: what every backend's export.py needs ------------------------------------------
+
 
 def flat_outputs(y: Any) -> list[Any]:
     """A model's outputs as one flat list, in the order the ONNX graph lists them: an array,
@@ -202,9 +227,13 @@ def as_function(target: Any) -> Any:
         return lambda *xs: apply_fn(params, *xs)
     if callable(target):
         return target
-    raise ConversionError(message(
-        "Cannot export this object", expected="an (apply_fn, params) pair or a function of arrays",
-        received=type(target).__qualname__))
+    raise ConversionError(
+        message(
+            "Cannot export this object",
+            expected="an (apply_fn, params) pair or a function of arrays",
+            received=type(target).__qualname__,
+        )
+    )
 
 
 def exporter_failed(exporter: str, error: BaseException, fix: str) -> ConversionError:
@@ -213,8 +242,9 @@ def exporter_failed(exporter: str, error: BaseException, fix: str) -> Conversion
     summary = " ".join(str(error).split("\n")[:6]).strip()
     if len(summary) > 800:
         summary = summary[:800] + " ..."
-    return ConversionError(message(f"{exporter} could not export the model",
-                                   received=f"{type(error).__name__}: {summary}", fix=fix))
+    return ConversionError(
+        message(f"{exporter} could not export the model", received=f"{type(error).__name__}: {summary}", fix=fix)
+    )
 
 
 def identifier(name: str) -> str:

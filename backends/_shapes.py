@@ -33,8 +33,11 @@ def windows(x: np.ndarray, window, stride, dilation) -> np.ndarray:
     dims = len(window)
     span = tuple((k - 1) * d + 1 for k, d in zip(window, dilation))
     view = sliding_window_view(x, span, axis=tuple(range(2, 2 + dims)))
-    index = (slice(None), slice(None)) + tuple(slice(None, None, s) for s in stride) \
+    index = (
+        (slice(None), slice(None))
+        + tuple(slice(None, None, s) for s in stride)
         + tuple(slice(None, None, d) for d in dilation)
+    )
     return view[index]
 
 
@@ -46,8 +49,11 @@ def conv_padding(padding, spatial, kernel, stride, dilation) -> list[tuple[int, 
         if padding.lower() == "valid":
             return [(0, 0)] * dims
         if padding.lower() != "same":
-            raise UnsupportedOp(message("Unknown padding", received=padding,
-                                        choices=["valid", "same", "an int", "(before, after) pairs"]))
+            raise UnsupportedOp(
+                message(
+                    "Unknown padding", received=padding, choices=["valid", "same", "an int", "(before, after) pairs"]
+                )
+            )
         pads = []
         for size, k, s, d in zip(spatial, kernel, stride, dilation):
             out = -(-size // s)

@@ -112,6 +112,7 @@ class Backend(abc.ABC):
     def enable_float64(self) -> None:
         """Let the framework compute in float64 and int64 (JAX needs a switch; the others
         always can, so by default there is nothing to do)."""
+        return None
 
     def gpu_libraries(self) -> dict[str, str]:
         """The GPU libraries this build found, by name (``{"cudnn": "91002"}``); {} when it
@@ -191,8 +192,9 @@ class Backend(abc.ABC):
     # -- autodiff.py ----------------------------------------------------------------------
 
     @abc.abstractmethod
-    def value_and_grad(self, fn: Callable[..., Any], params: dict[str, Any], *args: Any,
-                       has_aux: bool = False) -> tuple[Any, dict[str, Any]]:
+    def value_and_grad(
+        self, fn: Callable[..., Any], params: dict[str, Any], *args: Any, has_aux: bool = False
+    ) -> tuple[Any, dict[str, Any]]:
         """``fn(params, *args)`` (a scalar) and its gradient for every entry of ``params``,
         with the framework's own autodiff. With ``has_aux``, ``fn`` returns ``(scalar, aux)``
         and the value returned is ``(scalar, aux)``; ``aux`` is not differentiated."""
@@ -212,8 +214,9 @@ class Backend(abc.ABC):
 
     # -- native.py (optional: by default a zoo model's native form is a function) ---------
 
-    def to_native(self, name: str, spec: dict, forward: Callable[..., Any], params: dict[str, Any],
-                  trainable: list[str]) -> Any:
+    def to_native(
+        self, name: str, spec: dict, forward: Callable[..., Any], params: dict[str, Any], trainable: list[str]
+    ) -> Any:
         """A zoo model as this framework's own trainable module, or None when the framework's
         models are functions (JAX, numpy: core then hands out ``(apply_fn, params)``).
 
@@ -231,8 +234,7 @@ class Backend(abc.ABC):
     # -- export.py ------------------------------------------------------------------------
 
     @abc.abstractmethod
-    def export_onnx(self, target: Any, example_inputs: tuple[Any, ...], opset: int,
-                    axes: list[dict[int, str]]) -> Any:
+    def export_onnx(self, target: Any, example_inputs: tuple[Any, ...], opset: int, axes: list[dict[int, str]]) -> Any:
         """``target`` (this framework's own callable model) as an ``onnx.ModelProto``, traced
         on the numpy ``example_inputs``, its outputs flattened by ``_common.flat_outputs``;
         ``axes`` names, per input, the axes that stay symbolic (``{0: "batch", 1: "seq"}``;
@@ -244,8 +246,9 @@ class Backend(abc.ABC):
         """``target``'s outputs on the numpy ``inputs`` in inference mode, flattened as
         ``export_onnx`` flattens them, as numpy arrays: what its export must reproduce."""
 
-    def save_converted(self, imported: Any, specs: list[tuple[str, str, tuple]], examples: list[Any],
-                       path: os.PathLike, dynamic: bool) -> None:
+    def save_converted(
+        self, imported: Any, specs: list[tuple[str, str, tuple]], examples: list[Any], path: os.PathLike, dynamic: bool
+    ) -> None:
         """Write an imported ONNX model (``converters.importer.ImportedModel`` on this
         backend) to ``path`` in the framework's own saved format (``saved_format``), loadable
         without xdevice. ``specs`` are ``(name, dtype, shape)`` per input, each dimension a
@@ -253,10 +256,14 @@ class Backend(abc.ABC):
         name may need :func:`~xdevice.backends._common.identifier` first); ``examples`` are
         numpy inputs to trace with, one distinct size per name; ``dynamic`` is False when
         every dimension is fixed."""
-        raise ConversionError(message(
-            f"{self.title} has no saved program format of its own", received=self.name,
-            choices=[name for name, cls in _known_classes().items() if cls.saved_format],
-            fix="convert to one of those"))
+        raise ConversionError(
+            message(
+                f"{self.title} has no saved program format of its own",
+                received=self.name,
+                choices=[name for name, cls in _known_classes().items() if cls.saved_format],
+                fix="convert to one of those",
+            )
+        )
 
     # -- replication.py (optional: supports_replication, supports_processes) --------------
 
@@ -282,10 +289,15 @@ class Backend(abc.ABC):
         """Raise ConfigurationError unless this backend has ``capability``."""
         if not getattr(self, capability):
             able = [name for name, cls in _known_classes().items() if getattr(cls, capability, False)]
-            raise ConfigurationError(message(
-                f"{self.title} cannot do {wanted} ({capability} is False for backend {self.name!r})",
-                expected="a backend that supports it", received=self.name, choices=able,
-                fix=f"leave {self.name!r} out with backends=[...], or drop the setting"))
+            raise ConfigurationError(
+                message(
+                    f"{self.title} cannot do {wanted} ({capability} is False for backend {self.name!r})",
+                    expected="a backend that supports it",
+                    received=self.name,
+                    choices=able,
+                    fix=f"leave {self.name!r} out with backends=[...], or drop the setting",
+                )
+            )
 
     def __repr__(self) -> str:
         return f"<xdevice backend {self.name!r}: {self.title} {self.version()}>"

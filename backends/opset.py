@@ -33,12 +33,35 @@ import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
-__all__ = ["Ops", "Array", "DTYPES", "NARROW_DTYPES", "UNARY", "BINARY", "COMPARISONS", "masked_score",
-           "float32_inside", "numpy_dtype"]
+__all__ = [
+    "Ops",
+    "Array",
+    "DTYPES",
+    "NARROW_DTYPES",
+    "UNARY",
+    "BINARY",
+    "COMPARISONS",
+    "masked_score",
+    "float32_inside",
+    "numpy_dtype",
+]
 
 Array = Any
-DTYPES = ("float16", "bfloat16", "float32", "float64", "int8", "int16", "int32", "int64",
-          "uint8", "uint16", "uint32", "uint64", "bool")
+DTYPES = (
+    "float16",
+    "bfloat16",
+    "float32",
+    "float64",
+    "int8",
+    "int16",
+    "int32",
+    "int64",
+    "uint8",
+    "uint16",
+    "uint32",
+    "uint64",
+    "bool",
+)
 #: Narrow float and int formats (from ml_dtypes) a backend may also support in ``cast``.
 NARROW_DTYPES = ("float8_e4m3fn", "float8_e4m3fnuz", "float8_e5m2", "float8_e5m2fnuz", "int4", "uint4")
 
@@ -54,20 +77,64 @@ def numpy_dtype(name: str) -> Any:
         return np.dtype(ml_dtype(name))
     return np.dtype(name)
 
+
 #: One-input elementwise primitives (each ``name(x)``).
-UNARY = ("negative", "abs", "sign", "exp", "log", "sqrt", "sin", "cos", "tan", "tanh",
-         "sigmoid", "erf", "floor", "ceil", "round", "relu", "logical_not", "isnan", "isinf",
-         "asin", "acos", "atan", "sinh", "cosh", "asinh", "acosh", "atanh", "bitwise_not")
+UNARY = (
+    "negative",
+    "abs",
+    "sign",
+    "exp",
+    "log",
+    "sqrt",
+    "sin",
+    "cos",
+    "tan",
+    "tanh",
+    "sigmoid",
+    "erf",
+    "floor",
+    "ceil",
+    "round",
+    "relu",
+    "logical_not",
+    "isnan",
+    "isinf",
+    "asin",
+    "acos",
+    "atan",
+    "sinh",
+    "cosh",
+    "asinh",
+    "acosh",
+    "atanh",
+    "bitwise_not",
+)
 #: Two-input elementwise primitives with broadcasting (each ``name(x, y)``).
-BINARY = ("add", "subtract", "multiply", "divide", "power", "maximum", "minimum", "mod", "fmod",
-          "floor_divide", "logical_and", "logical_or", "logical_xor", "bitwise_and",
-          "bitwise_or", "bitwise_xor", "left_shift", "right_shift")
+BINARY = (
+    "add",
+    "subtract",
+    "multiply",
+    "divide",
+    "power",
+    "maximum",
+    "minimum",
+    "mod",
+    "fmod",
+    "floor_divide",
+    "logical_and",
+    "logical_or",
+    "logical_xor",
+    "bitwise_and",
+    "bitwise_or",
+    "bitwise_xor",
+    "left_shift",
+    "right_shift",
+)
 #: Comparisons, returning bool arrays (each ``name(x, y)``).
 COMPARISONS = ("equal", "not_equal", "less", "less_equal", "greater", "greater_equal")
 
 
 _HALF = ("float16", "bfloat16")
-
 
 
 def float32_inside(composite: Callable) -> Callable:
@@ -80,7 +147,7 @@ def float32_inside(composite: Callable) -> Callable:
         half = self.dtype(x)
         if half not in _HALF:
             return composite(self, x, *args, **kwargs)
-        wide = lambda v: self.cast(v, "float32") if _is_half_array(self, v) else v  # noqa: E731
+        wide = lambda v: self.cast(v, "float32") if _is_half_array(self, v) else v
         out = composite(self, wide(x), *[wide(a) for a in args], **kwargs)
         if isinstance(out, tuple):
             return tuple(self.cast(o, half) for o in out)
@@ -103,7 +170,6 @@ def masked_score(dtype: str) -> float:
     """The score a masked attention position gets: finite, so a fully masked row stays
     finite and attends uniformly; float16 cannot hold -1e9."""
     return -6e4 if dtype == "float16" else -1e9
-
 
 
 class Ops(abc.ABC):
@@ -332,8 +398,14 @@ class Ops(abc.ABC):
         """``sections`` equal parts, or parts of the listed sizes (not indices)."""
 
     @abc.abstractmethod
-    def slice(self, x: Array, starts: Sequence[int], stops: Sequence[int],
-              axes: Sequence[int] | None = None, steps: Sequence[int] | None = None) -> Array:
+    def slice(
+        self,
+        x: Array,
+        starts: Sequence[int],
+        stops: Sequence[int],
+        axes: Sequence[int] | None = None,
+        steps: Sequence[int] | None = None,
+    ) -> Array:
         """``x[start:stop:step]`` on each listed axis (all axes in order when None); ends
         are clamped as in Python slicing, and negative ends count from the end."""
 
@@ -346,8 +418,7 @@ class Ops(abc.ABC):
         """numpy's ``take_along_axis`` (ONNX ``GatherElements``)."""
 
     @abc.abstractmethod
-    def pad(self, x: Array, pad_width: Sequence[tuple[int, int]], mode: str = "constant",
-            value: float = 0) -> Array:
+    def pad(self, x: Array, pad_width: Sequence[tuple[int, int]], mode: str = "constant", value: float = 0) -> Array:
         """``(before, after)`` for every axis; mode ``constant``, ``reflect`` or ``edge``."""
 
     @abc.abstractmethod
@@ -359,8 +430,16 @@ class Ops(abc.ABC):
     # -- neural-network primitives ----------------------------------------------------------
 
     @abc.abstractmethod
-    def conv(self, x: Array, w: Array, b: Array | None = None, stride: int | Sequence[int] = 1,
-             padding: Any = 0, dilation: int | Sequence[int] = 1, groups: int = 1) -> Array:
+    def conv(
+        self,
+        x: Array,
+        w: Array,
+        b: Array | None = None,
+        stride: int | Sequence[int] = 1,
+        padding: Any = 0,
+        dilation: int | Sequence[int] = 1,
+        groups: int = 1,
+    ) -> Array:
         """Cross-correlation over 1-3 spatial dims, channels first.
 
         ``x`` is ``(N, C, *spatial)``, ``w`` is ``(O, C/groups, *kernel)``, ``b`` is ``(O,)``.
@@ -370,14 +449,28 @@ class Ops(abc.ABC):
         """
 
     @abc.abstractmethod
-    def max_pool(self, x: Array, window: int | Sequence[int], stride: int | Sequence[int] | None = None,
-                 padding: Any = 0, dilation: int | Sequence[int] = 1, ceil_mode: bool = False) -> Array:
+    def max_pool(
+        self,
+        x: Array,
+        window: int | Sequence[int],
+        stride: int | Sequence[int] | None = None,
+        padding: Any = 0,
+        dilation: int | Sequence[int] = 1,
+        ceil_mode: bool = False,
+    ) -> Array:
         """Max over windows, channels first; padding counts as -inf. ``stride`` defaults
         to ``window``; ``padding`` as in ``conv``."""
 
     @abc.abstractmethod
-    def avg_pool(self, x: Array, window: int | Sequence[int], stride: int | Sequence[int] | None = None,
-                 padding: Any = 0, count_include_pad: bool = False, ceil_mode: bool = False) -> Array:
+    def avg_pool(
+        self,
+        x: Array,
+        window: int | Sequence[int],
+        stride: int | Sequence[int] | None = None,
+        padding: Any = 0,
+        count_include_pad: bool = False,
+        ceil_mode: bool = False,
+    ) -> Array:
         """Mean over windows, channels first; padding is excluded from the count unless
         ``count_include_pad``."""
 
@@ -425,8 +518,7 @@ class Ops(abc.ABC):
         on JAX without x64). NaN sorts last ascending and first descending."""
 
     @abc.abstractmethod
-    def scatter(self, x: Array, indices: Array, updates: Array, axis: int = 0,
-                reduction: str = "none") -> Array:
+    def scatter(self, x: Array, indices: Array, updates: Array, axis: int = 0, reduction: str = "none") -> Array:
         """ONNX ``ScatterElements``: a copy of ``x`` where, for every position of
         ``indices`` (the shape of ``updates``), the element ``indices[...]`` along ``axis``
         takes ``updates[...]`` (``reduction="none"``; with duplicate indices the last write
@@ -473,8 +565,9 @@ class Ops(abc.ABC):
             x = self.minimum(x, high)
         return x
 
-    def var(self, x: Array, axis: int | Sequence[int] | None = None, keepdims: bool = False,
-            correction: int = 0) -> Array:
+    def var(
+        self, x: Array, axis: int | Sequence[int] | None = None, keepdims: bool = False, correction: int = 0
+    ) -> Array:
         """Variance; ``correction=1`` for the unbiased estimate."""
         centred = self.subtract(x, self.mean(x, axis=axis, keepdims=True))
         total = self.sum(self.square(centred), axis=axis, keepdims=keepdims)
@@ -511,8 +604,9 @@ class Ops(abc.ABC):
         return y if b is None else self.add(y, b)
 
     @float32_inside
-    def layer_norm(self, x: Array, scale: Array | None, offset: Array | None, axis: int = -1,
-                   eps: float = 1e-5) -> Array:
+    def layer_norm(
+        self, x: Array, scale: Array | None, offset: Array | None, axis: int = -1, eps: float = 1e-5
+    ) -> Array:
         """Normalise over the trailing axes from ``axis`` on; scale and offset those axes."""
         axes = tuple(range(axis % len(self.shape(x)), len(self.shape(x))))
         mean = self.mean(x, axis=axes, keepdims=True)
@@ -522,8 +616,7 @@ class Ops(abc.ABC):
         return y if offset is None else self.add(y, offset)
 
     @float32_inside
-    def batch_norm(self, x: Array, scale: Array, offset: Array, mean: Array, var: Array,
-                   eps: float = 1e-5) -> Array:
+    def batch_norm(self, x: Array, scale: Array, offset: Array, mean: Array, var: Array, eps: float = 1e-5) -> Array:
         """Inference batch norm over channel axis 1 with running statistics."""
         shape = (1, -1) + (1,) * (len(self.shape(x)) - 2)
         factor = self.multiply(scale, self.rsqrt(self.add(var, eps)))
@@ -531,8 +624,7 @@ class Ops(abc.ABC):
         return self.add(self.multiply(x, self.reshape(factor, shape)), self.reshape(shift, shape))
 
     @float32_inside
-    def batch_norm_train(self, x: Array, scale: Array, offset: Array, eps: float = 1e-5
-                         ) -> tuple[Array, Array, Array]:
+    def batch_norm_train(self, x: Array, scale: Array, offset: Array, eps: float = 1e-5) -> tuple[Array, Array, Array]:
         """Training batch norm over channel axis 1: ``(y, batch_mean, batch_var)``, where the
         variance is the biased one used to normalise (PyTorch updates its running variance
         with the unbiased one: multiply by ``n / (n - 1)``)."""
@@ -541,8 +633,7 @@ class Ops(abc.ABC):
         var = self.var(x, axis=axes)
         return self.batch_norm(x, scale, offset, mean, var, eps), mean, var
 
-    def attention(self, q: Array, k: Array, v: Array, mask: Array | None = None,
-                  scale: float | None = None) -> Array:
+    def attention(self, q: Array, k: Array, v: Array, mask: Array | None = None, scale: float | None = None) -> Array:
         """Scaled dot-product attention over ``(..., L, D)`` inputs.
 
         ``mask`` is boolean, broadcastable to ``(..., Lq, Lk)``, True where a query may
@@ -556,9 +647,18 @@ class Ops(abc.ABC):
 
     # -- optimizer updates over many tensors (xdevice.training.optimizers): PyTorch's rules ----
 
-    def sgd_update(self, params: list[Array], grads: list[Array], buffers: list[Array] | None, *,
-                   lr: float, momentum: float = 0.0, nesterov: bool = False, weight_decay: float = 0.0,
-                   inplace: bool = False) -> tuple[list[Array], list[Array] | None]:
+    def sgd_update(
+        self,
+        params: list[Array],
+        grads: list[Array],
+        buffers: list[Array] | None,
+        *,
+        lr: float,
+        momentum: float = 0.0,
+        nesterov: bool = False,
+        weight_decay: float = 0.0,
+        inplace: bool = False,
+    ) -> tuple[list[Array], list[Array] | None]:
         """One step of ``torch.optim.SGD`` over every tensor: ``(params, momentum buffers)``.
 
         ``buffers`` are the momentum buffers (None without momentum). With ``inplace`` a backend
@@ -592,10 +692,22 @@ class Ops(abc.ABC):
         """Each gradient element clamped to ``[-limit, limit]``: ``clip_grad_value_``'s rule."""
         return [self.clip(g, -limit, limit) for g in grads]
 
-    def adam_update(self, params: list[Array], grads: list[Array], m: list[Array], v: list[Array],
-                    step: Array, *, lr: float, beta1: float, beta2: float, eps: float,
-                    weight_decay: float = 0.0, decoupled: bool = False, inplace: bool = False
-                    ) -> tuple[list[Array], list[Array], list[Array]]:
+    def adam_update(
+        self,
+        params: list[Array],
+        grads: list[Array],
+        m: list[Array],
+        v: list[Array],
+        step: Array,
+        *,
+        lr: float,
+        beta1: float,
+        beta2: float,
+        eps: float,
+        weight_decay: float = 0.0,
+        decoupled: bool = False,
+        inplace: bool = False,
+    ) -> tuple[list[Array], list[Array], list[Array]]:
         """One step of ``torch.optim.Adam`` (``decoupled``: ``AdamW``) over every tensor, at
         ``step`` (counted from 1): ``(params, m, v)``. Bias corrections are computed once per
         step and dtype. ``inplace`` as in :meth:`sgd_update`."""
@@ -605,14 +717,20 @@ class Ops(abc.ABC):
             dtype = self.dtype(param)
             if dtype not in corrections:
                 t, one = self.cast(step, dtype), self.asarray(1.0, dtype)
-                corrections[dtype] = (self.subtract(one, self.power(self.asarray(beta1, dtype), t)),
-                                      self.subtract(one, self.power(self.asarray(beta2, dtype), t)))
+                corrections[dtype] = (
+                    self.subtract(one, self.power(self.asarray(beta1, dtype), t)),
+                    self.subtract(one, self.power(self.asarray(beta2, dtype), t)),
+                )
             correction1, correction2 = corrections[dtype]
             grad = self.cast(grad, dtype)
             rate = _in_dtype(self, lr, dtype)
             if weight_decay and decoupled:
-                param = self.multiply(param, 1 - lr * weight_decay if isinstance(lr, (int, float))
-                                      else self.subtract(1.0, self.multiply(rate, weight_decay)))
+                param = self.multiply(
+                    param,
+                    1 - lr * weight_decay
+                    if isinstance(lr, (int, float))
+                    else self.subtract(1.0, self.multiply(rate, weight_decay)),
+                )
             elif weight_decay:
                 grad = self.add(grad, self.multiply(param, weight_decay))
             m_i = self.add(self.multiply(m_i, beta1), self.multiply(grad, 1 - beta1))
@@ -630,16 +748,14 @@ class Ops(abc.ABC):
         rank = len(self.shape(x))
         return self.transpose(x, (*range(rank - 2), rank - 1, rank - 2))
 
-    def lstm_cell(self, x: Array, h: Array, c: Array, w_ih: Array, w_hh: Array, b: Array
-                  ) -> tuple[Array, Array]:
+    def lstm_cell(self, x: Array, h: Array, c: Array, w_ih: Array, w_hh: Array, b: Array) -> tuple[Array, Array]:
         """One LSTM step; gates ``i, f, g, o``; returns ``(h, c)``."""
         gates = self.add(self.add(self.matmul(x, w_ih), self.matmul(h, w_hh)), b)
         i, f, g, o = self.split(gates, 4, axis=-1)
         c = self.add(self.multiply(self.sigmoid(f), c), self.multiply(self.sigmoid(i), self.tanh(g)))
         return self.multiply(self.sigmoid(o), self.tanh(c)), c
 
-    def lstm(self, x: Array, h: Array, c: Array, w_ih: Array, w_hh: Array, b: Array
-             ) -> tuple[Array, Array, Array]:
+    def lstm(self, x: Array, h: Array, c: Array, w_ih: Array, w_hh: Array, b: Array) -> tuple[Array, Array, Array]:
         """An LSTM over ``x`` of shape ``(N, T, in)``: returns ``(outputs (N, T, H), h, c)``."""
         steps = self.shape(x)[1]
         inputs = self.add(self.matmul(x, w_ih), b)  # one big matmul for every step's input part
@@ -661,8 +777,7 @@ class Ops(abc.ABC):
         n = self.tanh(self.add(xn, self.multiply(r, hn)))
         return self.add(self.multiply(self.subtract(1.0, z), n), self.multiply(z, h))
 
-    def gru(self, x: Array, h: Array, w_ih: Array, w_hh: Array, b_ih: Array, b_hh: Array
-            ) -> tuple[Array, Array]:
+    def gru(self, x: Array, h: Array, w_ih: Array, w_hh: Array, b_ih: Array, b_hh: Array) -> tuple[Array, Array]:
         """A GRU over ``x`` of shape ``(N, T, in)``: returns ``(outputs (N, T, H), h)``."""
         outputs = []
         for t in range(self.shape(x)[1]):
@@ -676,14 +791,20 @@ class Ops(abc.ABC):
 
     def cross_entropy(self, logits: Array, labels: Array) -> Array:
         """Mean negative log-likelihood of integer ``labels`` under ``logits`` (N, classes)."""
-        picked = self.take_along_axis(self.log_softmax(logits, axis=-1),
-                                      self.expand_dims(self.cast(labels, "int32"), -1), axis=-1)
+        picked = self.take_along_axis(
+            self.log_softmax(logits, axis=-1), self.expand_dims(self.cast(labels, "int32"), -1), axis=-1
+        )
         return self.negative(self.mean(picked))
 
     # -- control flow: a Python loop and branch here; compiling backends override with their own
 
-    def while_loop(self, condition: Callable[[tuple, tuple], Array], body: Callable[[tuple, tuple], tuple],
-                   state: tuple, operands: tuple = ()) -> tuple:
+    def while_loop(
+        self,
+        condition: Callable[[tuple, tuple], Array],
+        body: Callable[[tuple, tuple], tuple],
+        state: tuple,
+        operands: tuple = (),
+    ) -> tuple:
         """``state = body(state, operands)`` while ``condition(state, operands)`` (a scalar
         bool) holds; the framework's own loop (``lax.while_loop``, ``tf.while_loop``, torch's
         ``while_loop`` operator) where a backend compiles, so a condition known only at run
@@ -694,8 +815,9 @@ class Ops(abc.ABC):
             state = tuple(body(state, operands))
         return tuple(state)
 
-    def cond(self, predicate: Array, then: Callable[..., tuple], otherwise: Callable[..., tuple],
-             operands: tuple = ()) -> tuple:
+    def cond(
+        self, predicate: Array, then: Callable[..., tuple], otherwise: Callable[..., tuple], operands: tuple = ()
+    ) -> tuple:
         """``then(*operands)`` if the scalar ``predicate`` holds, else ``otherwise(*operands)``:
         the framework's own branch (``lax.cond``, ``tf.cond``, torch's ``cond`` operator)
         where a backend compiles; both branches then return arrays of the same shapes and
@@ -734,11 +856,12 @@ class Ops(abc.ABC):
         x = self.bitwise_and(self.multiply(x, 0x846CA68B), mask)
         return self.bitwise_xor(x, self.right_shift(x, 16))
 
-    def uniform(self, key: Array, shape: Sequence[int], low: float = 0.0, high: float = 1.0,
-                dtype: str = "float32") -> Array:
+    def uniform(
+        self, key: Array, shape: Sequence[int], low: float = 0.0, high: float = 1.0, dtype: str = "float32"
+    ) -> Array:
         """Uniform floats in ``[low, high)``, 24 random bits each."""
         bits = self.right_shift(self.random_bits(key, shape), 8)
-        unit = self.multiply(self.cast(bits, "float32"), 2.0 ** -24)
+        unit = self.multiply(self.cast(bits, "float32"), 2.0**-24)
         return self.cast(self.add(self.multiply(unit, high - low), low), dtype)
 
     def normal(self, key: Array, shape: Sequence[int], dtype: str = "float32") -> Array:

@@ -85,9 +85,14 @@ class Program:
             raise ConfigurationError(message("Unknown precision", received=precision, choices=PRECISIONS))
         if precision == "bfloat16" and not self.backend.supports_bfloat16:
             able = [name for name in _registry.backends() if name != self.backend.name]
-            raise ConfigurationError(message(
-                f"The {self.backend.title} backend has no bfloat16 compute", received="precision='bfloat16'",
-                choices=able, fix="train on another backend, or use float32"))
+            raise ConfigurationError(
+                message(
+                    f"The {self.backend.title} backend has no bfloat16 compute",
+                    received="precision='bfloat16'",
+                    choices=able,
+                    fix="train on another backend, or use float32",
+                )
+            )
         self.precision = precision
 
 

@@ -31,13 +31,25 @@ def pin_threads(threads: int = 1, frameworks: tuple[str, ...] = ("torch", "tenso
     line saying what was set."""
     global _threads
     _threads = threads
-    for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "TF_NUM_INTRAOP_THREADS",
-                 "TF_NUM_INTEROP_THREADS"):
+    for name in (
+        "OMP_NUM_THREADS",
+        "MKL_NUM_THREADS",
+        "OPENBLAS_NUM_THREADS",
+        "TF_NUM_INTRAOP_THREADS",
+        "TF_NUM_INTEROP_THREADS",
+    ):
         os.environ[name] = str(threads)
     if threads == 1:  # XLA's CPU client runs Eigen on its own pool unless told not to
-        os.environ["XLA_FLAGS"] = " ".join(filter(None, [os.environ.get("XLA_FLAGS", ""),
-                                                         "--xla_cpu_multi_thread_eigen=false",
-                                                         "intra_op_parallelism_threads=1"]))
+        os.environ["XLA_FLAGS"] = " ".join(
+            filter(
+                None,
+                [
+                    os.environ.get("XLA_FLAGS", ""),
+                    "--xla_cpu_multi_thread_eigen=false",
+                    "intra_op_parallelism_threads=1",
+                ],
+            )
+        )
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     set_in = []
     if "torch" in frameworks and importlib.util.find_spec("torch"):
@@ -65,8 +77,14 @@ def ort_options() -> Any:
     return options
 
 
-def interleaved(sides: dict[str, Callable[[], Any]], *, samples: int = 15, inner: int = 1,
-                warmup: int = 3, budget: float | None = None) -> dict[str, list[float]]:
+def interleaved(
+    sides: dict[str, Callable[[], Any]],
+    *,
+    samples: int = 15,
+    inner: int = 1,
+    warmup: int = 3,
+    budget: float | None = None,
+) -> dict[str, list[float]]:
     """Seconds per call of each side: ``samples`` rounds in which every side runs ``inner``
     calls in turn (after ``warmup`` calls each); stops early, after at least 3 rounds, once
     ``budget`` seconds are spent."""
@@ -97,5 +115,4 @@ def cell(seconds: list[float], unit: str = "us") -> str:
 def ratio_cell(mine: list[float], theirs: list[float]) -> str:
     """The ratio of medians, with the spread of the per-round ratios (rounds taken in turn)."""
     per_round = [a / b for a, b in zip(mine, theirs)]
-    return f"{statistics.median(mine) / statistics.median(theirs):.2f}x " \
-           f"({min(per_round):.2f}-{max(per_round):.2f})"
+    return f"{statistics.median(mine) / statistics.median(theirs):.2f}x ({min(per_round):.2f}-{max(per_round):.2f})"

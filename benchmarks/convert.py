@@ -65,6 +65,7 @@ def eager_source(model, source: str):
         def run(x):
             with torch.no_grad():
                 return module(x)
+
         return run, backend
     if source == "tensorflow":
         module = models.to_native(placed, "tensorflow")
@@ -76,13 +77,16 @@ def eager_source(model, source: str):
 def speed(names: list[str], sources: list[str], repeats: int) -> None:
     """Imported onto its own backend against the zoo model and ONNX Runtime (part 2)."""
     import onnxruntime
-
     from zoo import zoo_runner
 
-    print("imported = the zoo model exported from the backend and imported back onto it; ms per call, "
-          "median (min-max) of rounds taken in turns")
-    print(f"{'model':<12} {'backend':<11} {'batch':>5} {'imported ms':>20} {'zoo ms':>20} {'ORT ms':>20} "
-          f"{'imported/zoo':>18} {'imported/ORT':>18}")
+    print(
+        "imported = the zoo model exported from the backend and imported back onto it; ms per call, "
+        "median (min-max) of rounds taken in turns"
+    )
+    print(
+        f"{'model':<12} {'backend':<11} {'batch':>5} {'imported ms':>20} {'zoo ms':>20} {'ORT ms':>20} "
+        f"{'imported/zoo':>18} {'imported/ORT':>18}"
+    )
     for name in names:
         model = models.build(name, seed=0)
         for source in sources:
@@ -91,20 +95,27 @@ def speed(names: list[str], sources: list[str], repeats: int) -> None:
             result = export(placed, example_inputs=model.example_input(4))
             imported = from_onnx(result.model, backend=source)
             zoo = zoo_runner(placed, source)
-            session = onnxruntime.InferenceSession(result.model.SerializeToString(), ort_options(),
-                                                   providers=["CPUExecutionProvider"])
+            session = onnxruntime.InferenceSession(
+                result.model.SerializeToString(), ort_options(), providers=["CPUExecutionProvider"]
+            )
             feed_name = session.get_inputs()[0].name
             for batch in (1, 32):
                 x = model.example_input(batch, seed=1)
                 xin = backend.ops.asarray(x)
                 to_numpy = backend.ops.to_numpy
-                sides = {"imported": lambda: to_numpy(imported(xin)), "zoo": lambda: to_numpy(zoo(xin)),
-                         "ort": lambda: session.run(None, {feed_name: x})}
+                sides = {
+                    "imported": lambda: to_numpy(imported(xin)),
+                    "zoo": lambda: to_numpy(zoo(xin)),
+                    "ort": lambda: session.run(None, {feed_name: x}),
+                }
                 times = interleaved(sides, samples=repeats, inner=1, warmup=3, budget=20)
-                print(f"{name:<12} {source:<11} {batch:>5} {cell(times['imported'], 'ms'):>20} "
-                      f"{cell(times['zoo'], 'ms'):>20} {cell(times['ort'], 'ms'):>20} "
-                      f"{ratio_cell(times['imported'], times['zoo']):>18} "
-                      f"{ratio_cell(times['imported'], times['ort']):>18}", flush=True)
+                print(
+                    f"{name:<12} {source:<11} {batch:>5} {cell(times['imported'], 'ms'):>20} "
+                    f"{cell(times['zoo'], 'ms'):>20} {cell(times['ort'], 'ms'):>20} "
+                    f"{ratio_cell(times['imported'], times['zoo']):>18} "
+                    f"{ratio_cell(times['imported'], times['ort']):>18}",
+                    flush=True,
+                )
 
 
 def matrix(names: list[str], sources: list[str], repeats: int) -> None:
@@ -128,8 +139,9 @@ def matrix(names: list[str], sources: list[str], repeats: int) -> None:
             errors, import_seconds = [], []
             for target in TARGETS:
                 if target == "onnxruntime":
-                    session = onnxruntime.InferenceSession(result.model.SerializeToString(), ort_options(),
-                                                           providers=["CPUExecutionProvider"])
+                    session = onnxruntime.InferenceSession(
+                        result.model.SerializeToString(), ort_options(), providers=["CPUExecutionProvider"]
+                    )
                     feed = {session.get_inputs()[0].name: x}
                     got = session.run(None, feed)[0]
                 else:
@@ -140,8 +152,12 @@ def matrix(names: list[str], sources: list[str], repeats: int) -> None:
                 errors.append(float(np.max(np.abs(np.asarray(got, dtype=np.float64) - expected))))
             source_ms = median_ms(lambda: backend.ops.to_numpy(run_source(xin)), repeats)
             ort_ms = median_ms(lambda: session.run(None, feed), repeats)
-            print(f"{name:<12} {source:<11} {result.seconds:>8.1f} " + " ".join(f"{e:>11.1e}" for e in errors)
-                  + f" {max(import_seconds):>8.2f} {source_ms / ort_ms:>6.1f}", flush=True)
+            print(
+                f"{name:<12} {source:<11} {result.seconds:>8.1f} "
+                + " ".join(f"{e:>11.1e}" for e in errors)
+                + f" {max(import_seconds):>8.2f} {source_ms / ort_ms:>6.1f}",
+                flush=True,
+            )
 
 
 def realworld(names: list[str] | None, repeats: int) -> None:
@@ -157,18 +173,23 @@ def realworld(names: list[str] | None, repeats: int) -> None:
     from tests.realworld.cases import CASES
     from tests.realworld.test_realworld import built, feeds, scaled
 
-    print("real models (random weights) exported from their framework and imported onto each backend; "
-          "error relative to the output's scale; ms per call, median of rounds taken in turns")
-    print(f"{'case':<24} {'backend':<11} {'max rel err':>11} {'imported ms':>12} {'ORT ms':>8} {'source ms':>9} "
-          f"{'x ORT':>6} {'x source':>8}")
+    print(
+        "real models (random weights) exported from their framework and imported onto each backend; "
+        "error relative to the output's scale; ms per call, median of rounds taken in turns"
+    )
+    print(
+        f"{'case':<24} {'backend':<11} {'max rel err':>11} {'imported ms':>12} {'ORT ms':>8} {'source ms':>9} "
+        f"{'x ORT':>6} {'x source':>8}"
+    )
     for name in names or list(CASES):
         try:
             case, model, inputs, result, expected = built(name)
         except BaseException as error:  # noqa: BLE001 - pytest.skip outside pytest, or a failed export
             print(f"{name:<24} skipped: {type(error).__name__}: {str(error).splitlines()[0][:100]}")
             continue
-        session = onnxruntime.InferenceSession(result.model.SerializeToString(), ort_options(),
-                                               providers=["CPUExecutionProvider"])
+        session = onnxruntime.InferenceSession(
+            result.model.SerializeToString(), ort_options(), providers=["CPUExecutionProvider"]
+        )
         ort_feed = dict(zip(inputs.names, inputs))
         source = xdevice.backend(case.framework)
         for target in ("numpy", "torch", "tensorflow", "jax"):
@@ -176,17 +197,25 @@ def realworld(names: list[str] | None, repeats: int) -> None:
             args = [imported.backend.ops.asarray(x) for x in feeds(imported, inputs)]
             got = imported(*args)
             got = got if isinstance(got, tuple) else (got,)
-            worst = max(scaled(imported.backend.ops.to_numpy(g), e).max_abs / max(min(1.0, float(np.abs(e).max())), 1e-30)
-                        for g, e in zip(got, expected))
-            sides = {"imported": lambda: [imported.backend.ops.to_numpy(y) for y in
-                                          (lambda r: r if isinstance(r, tuple) else (r,))(imported(*args))],
-                     "ort": lambda: session.run(None, ort_feed),
-                     "source": lambda: source.native_outputs(model, inputs)}
+            worst = max(
+                scaled(imported.backend.ops.to_numpy(g), e).max_abs / max(min(1.0, float(np.abs(e).max())), 1e-30)
+                for g, e in zip(got, expected)
+            )
+            sides = {
+                "imported": lambda: [
+                    imported.backend.ops.to_numpy(y)
+                    for y in (lambda r: r if isinstance(r, tuple) else (r,))(imported(*args))
+                ],
+                "ort": lambda: session.run(None, ort_feed),
+                "source": lambda: source.native_outputs(model, inputs),
+            }
             times = interleaved(sides, samples=repeats, warmup=2, budget=15)
             med = {k: statistics.median(v) * 1e3 for k, v in times.items()}
-            print(f"{name:<24} {target:<11} {worst:>11.1e} {med['imported']:>12.2f} {med['ort']:>8.2f} "
-                  f"{med['source']:>9.2f} {med['imported'] / med['ort']:>6.2f} {med['imported'] / med['source']:>8.2f}",
-                  flush=True)
+            print(
+                f"{name:<24} {target:<11} {worst:>11.1e} {med['imported']:>12.2f} {med['ort']:>8.2f} "
+                f"{med['source']:>9.2f} {med['imported'] / med['ort']:>6.2f} {med['imported'] / med['source']:>8.2f}",
+                flush=True,
+            )
 
 
 def main() -> None:
@@ -194,8 +223,9 @@ def main() -> None:
     parser.add_argument("--parts", nargs="+", default=["matrix", "speed"], choices=["matrix", "speed", "realworld"])
     parser.add_argument("--cases", nargs="+", default=None, help="real-model cases (default: all)")
     parser.add_argument("--models", nargs="+", default=list(models.NAMES))
-    parser.add_argument("--sources", nargs="+", default=[b for b in ("torch", "tensorflow", "jax")
-                                                         if b in xdevice.backends()])
+    parser.add_argument(
+        "--sources", nargs="+", default=[b for b in ("torch", "tensorflow", "jax") if b in xdevice.backends()]
+    )
     parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--threads", type=int, default=1, help=THREADS_HELP)
     args = parser.parse_args()

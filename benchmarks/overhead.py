@@ -40,13 +40,24 @@ def hot_calls() -> list[tuple[str, str, dict, str]]:
         t = torch.ones(16)
         cpu = torch.device("cpu")
         rows += [
-            ("to_device(torch, 'cpu')", "t.to('cpu')",
-             {"xdevice": lambda: xdevice.to_device(t, "cpu"), "native": lambda: t.to("cpu")}, "to_device"),
-            ("device_of(torch)", "t.device",
-             {"xdevice": lambda: xdevice.device_of(t), "native": lambda: t.device}, "device_of"),
-            ("backend_of(torch)", "isinstance(t, Tensor)",
-             {"xdevice": lambda: xdevice.backend_of(t), "native": lambda: isinstance(t, torch.Tensor)},
-             "backend_of"),
+            (
+                "to_device(torch, 'cpu')",
+                "t.to('cpu')",
+                {"xdevice": lambda: xdevice.to_device(t, "cpu"), "native": lambda: t.to("cpu")},
+                "to_device",
+            ),
+            (
+                "device_of(torch)",
+                "t.device",
+                {"xdevice": lambda: xdevice.device_of(t), "native": lambda: t.device},
+                "device_of",
+            ),
+            (
+                "backend_of(torch)",
+                "isinstance(t, Tensor)",
+                {"xdevice": lambda: xdevice.backend_of(t), "native": lambda: isinstance(t, torch.Tensor)},
+                "backend_of",
+            ),
         ]
     if "jax" in xdevice.backends():
         import jax
@@ -54,10 +65,16 @@ def hot_calls() -> list[tuple[str, str, dict, str]]:
 
         a = jnp.ones(16)
         first = jax.devices("cpu")[0]
-        rows += [("to_device(jax, 'cpu')", "jax.device_put",
-                  {"xdevice": lambda: xdevice.to_device(a, "cpu"), "native": lambda: jax.device_put(a, first)},
-                  "to_device")]
+        rows += [
+            (
+                "to_device(jax, 'cpu')",
+                "jax.device_put",
+                {"xdevice": lambda: xdevice.to_device(a, "cpu"), "native": lambda: jax.device_put(a, first)},
+                "to_device",
+            )
+        ]
         if "torch" in xdevice.backends():
+
             def enter_native():
                 with torch.device(cpu), jax.default_device(first):
                     pass
@@ -66,15 +83,31 @@ def hot_calls() -> list[tuple[str, str, dict, str]]:
                 with xdevice.on("cpu:0"):
                     pass
 
-            rows.append(("with on('cpu:0')", "torch.device + jax.default_device",
-                         {"xdevice": enter_xdevice, "native": enter_native}, "on"))
-            rows.append(("convert(torch, to='jax')", "jax.dlpack.from_dlpack(t)",
-                         {"xdevice": lambda: xdevice.convert(t, to="jax"),
-                          "native": lambda: jax.dlpack.from_dlpack(t)}, "convert"))
+            rows.append(
+                (
+                    "with on('cpu:0')",
+                    "torch.device + jax.default_device",
+                    {"xdevice": enter_xdevice, "native": enter_native},
+                    "on",
+                )
+            )
+            rows.append(
+                (
+                    "convert(torch, to='jax')",
+                    "jax.dlpack.from_dlpack(t)",
+                    {"xdevice": lambda: xdevice.convert(t, to="jax"), "native": lambda: jax.dlpack.from_dlpack(t)},
+                    "convert",
+                )
+            )
     x = np.ones(16, np.float32)
-    rows.append(("backend_of(numpy)", "isinstance(x, ndarray)",
-                 {"xdevice": lambda: xdevice.backend_of(x), "native": lambda: isinstance(x, np.ndarray)},
-                 "backend_of"))
+    rows.append(
+        (
+            "backend_of(numpy)",
+            "isinstance(x, ndarray)",
+            {"xdevice": lambda: xdevice.backend_of(x), "native": lambda: isinstance(x, np.ndarray)},
+            "backend_of",
+        )
+    )
     return rows
 
 
@@ -89,9 +122,11 @@ def optimizer_rows() -> list[tuple[str, str, dict, str]]:
     ops = model.ops
     rows = []
     for ours, theirs, how in (
-            (Adam(lr=1e-3), torch.optim.Adam, ""), (AdamW(lr=1e-3), torch.optim.AdamW, ""),
-            (SGD(lr=1e-2, momentum=0.9), lambda ps, lr: torch.optim.SGD(ps, lr=lr, momentum=0.9), ""),
-            (Adam(lr=1e-3), lambda ps, lr: torch.optim.Adam(ps, lr=lr, foreach=True), "(foreach=True)")):
+        (Adam(lr=1e-3), torch.optim.Adam, ""),
+        (AdamW(lr=1e-3), torch.optim.AdamW, ""),
+        (SGD(lr=1e-2, momentum=0.9), lambda ps, lr: torch.optim.SGD(ps, lr=lr, momentum=0.9), ""),
+        (Adam(lr=1e-3), lambda ps, lr: torch.optim.Adam(ps, lr=lr, foreach=True), "(foreach=True)"),
+    ):
         params = {k: model.params[k].clone() for k in model.trainable}
         grads = {k: torch.randn_like(v) * 1e-3 for k, v in params.items()}
         state = {"value": ours.init(ops, params), "params": params}
@@ -103,8 +138,14 @@ def optimizer_rows() -> list[tuple[str, str, dict, str]]:
         for p, g in zip(native, grads.values()):
             p.grad = g.clone()
         optimizer = theirs(native, lr=ours.lr)
-        rows.append((f"{type(ours).__name__} update, zoo mlp", f"torch.optim.{type(ours).__name__}.step{how}",
-                     {"xdevice": step_xdevice, "native": optimizer.step}, "optimizer"))
+        rows.append(
+            (
+                f"{type(ours).__name__} update, zoo mlp",
+                f"torch.optim.{type(ours).__name__}.step{how}",
+                {"xdevice": step_xdevice, "native": optimizer.step},
+                "optimizer",
+            )
+        )
     return rows
 
 
@@ -126,9 +167,11 @@ def main() -> None:
     for (call, native, sides, target), inner in rows:
         with contextlib.suppress(KeyboardInterrupt):
             times = interleaved(sides, samples=args.samples, inner=inner)
-        print(f"{call:<28} {cell(times['xdevice']):>20} {native:<34} {cell(times['native']):>18} "
-              f"{ratio_cell(times['xdevice'], times['native']):>18} {'<=' + format(TARGETS[target], 'g') + 'x':>7}",
-              flush=True)
+        print(
+            f"{call:<28} {cell(times['xdevice']):>20} {native:<34} {cell(times['native']):>18} "
+            f"{ratio_cell(times['xdevice'], times['native']):>18} {'<=' + format(TARGETS[target], 'g') + 'x':>7}",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

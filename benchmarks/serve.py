@@ -42,7 +42,7 @@ DELAY_US = 500
 INSTANCES = "instance_group [{ count: 2 kind: KIND_CPU }]\n"
 CONFIGS = {
     "batched": f"max_batch_size: {MAX_BATCH}\ndynamic_batching {{ max_queue_delay_microseconds: {DELAY_US} }}\n"
-               + INSTANCES,
+    + INSTANCES,
     "plain": f"max_batch_size: {MAX_BATCH}\n" + INSTANCES,
 }
 
@@ -168,12 +168,18 @@ async def load(calls: list, output: str, concurrency: int, duration: float, warm
     await asyncio.gather(*(worker(calls[i % len(calls)]) for i in range(concurrency)))
     elapsed = time.perf_counter() - measure
     p50, p99 = np.percentile(latencies, [50, 99]) if latencies else (float("nan"),) * 2
-    return {"rps": len(latencies) / elapsed, "p50": float(p50), "p99": float(p99), "errors": len(errors),
-            "first_error": errors[0] if errors else ""}
+    return {
+        "rps": len(latencies) / elapsed,
+        "p50": float(p50),
+        "p99": float(p99),
+        "errors": len(errors),
+        "first_error": errors[0] if errors else "",
+    }
 
 
-async def check(clients: Clients, transport: str, model: str, x: np.ndarray, output: str,
-                expected: np.ndarray) -> float:
+async def check(
+    clients: Clients, transport: str, model: str, x: np.ndarray, output: str, expected: np.ndarray
+) -> float:
     """The max abs difference between the server's answer and ORT's own."""
     result = await clients.call(transport, model, x, output)()
     return float(np.max(np.abs(result.as_numpy(output) - expected)))
@@ -198,38 +204,53 @@ async def soak(clients: Clients, pid: int, x: np.ndarray, output: str, concurren
     samples.append((time.perf_counter() - start, rss_mib(pid)))
     half = [(t, r) for t, r in samples if t >= seconds / 2]
     first, last = half[0], half[-1]
-    print(f"\nsoak: cnn_batched, concurrency {concurrency} (half HTTP binary, half gRPC), {seconds:.0f} s, "
-          f"{cell['rps']:.0f} req/s, p99 {cell['p99']:.2f} ms, {cell['errors']} errors; RSS sampled once a second "
-          f"({len(samples)} samples)")
+    print(
+        f"\nsoak: cnn_batched, concurrency {concurrency} (half HTTP binary, half gRPC), {seconds:.0f} s, "
+        f"{cell['rps']:.0f} req/s, p99 {cell['p99']:.2f} ms, {cell['errors']} errors; RSS sampled once a second "
+        f"({len(samples)} samples)"
+    )
     print(f"  RSS at start {samples[0][1]:.1f} MiB, peak {max(r for _, r in samples):.1f} MiB")
-    print(f"  second half: {first[1]:.1f} MiB at {first[0]:.0f} s -> {last[1]:.1f} MiB at {last[0]:.0f} s, "
-          f"change {last[1] - first[1]:+.1f} MiB")
+    print(
+        f"  second half: {first[1]:.1f} MiB at {first[0]:.0f} s -> {last[1]:.1f} MiB at {last[0]:.0f} s, "
+        f"change {last[1] - first[1]:+.1f} MiB"
+    )
     if cell["errors"]:
         print(f"  first error: {cell['first_error']}")
 
 
-async def drive(url: str, grpc_url: str, pid: int, names: list[str], inputs: dict, expected: dict, outputs: dict,
-                args) -> dict:
+async def drive(
+    url: str, grpc_url: str, pid: int, names: list[str], inputs: dict, expected: dict, outputs: dict, args
+) -> dict:
     clients = Clients(url, grpc_url, max(args.concurrency) + 4)
     try:
         cells = {}
         for transport in args.transports:  # HTTP first: the gRPC client starts with the gRPC cells
             for name in names:
                 for kind in CONFIGS:
-                    diff = await check(clients, transport, f"{name}_{kind}", inputs[name], outputs[name],
-                                       expected[name])
+                    diff = await check(
+                        clients, transport, f"{name}_{kind}", inputs[name], outputs[name], expected[name]
+                    )
                     if diff > 1e-4:
-                        raise SystemExit(f"{name}_{kind} over {transport}: the server's output differs from "
-                                         f"ORT's by {diff:.2e}")
+                        raise SystemExit(
+                            f"{name}_{kind} over {transport}: the server's output differs from ORT's by {diff:.2e}"
+                        )
             for name in names:
                 for concurrency in args.concurrency:
                     for kind in CONFIGS:
                         model = f"{name}_{kind}"
-                        cell = await load([clients.call(transport, model, inputs[name], outputs[name])],
-                                          outputs[name], concurrency, args.duration, args.warmup)
+                        cell = await load(
+                            [clients.call(transport, model, inputs[name], outputs[name])],
+                            outputs[name],
+                            concurrency,
+                            args.duration,
+                            args.warmup,
+                        )
                         cells[name, kind, transport, concurrency] = cell
-                        print(f"{model:<13} {transport:<12} {concurrency:>5} {cell['rps']:>9.0f} {cell['p50']:>8.2f} "
-                              f"{cell['p99']:>8.2f} {cell['errors']:>7}", flush=True)
+                        print(
+                            f"{model:<13} {transport:<12} {concurrency:>5} {cell['rps']:>9.0f} {cell['p50']:>8.2f} "
+                            f"{cell['p99']:>8.2f} {cell['errors']:>7}",
+                            flush=True,
+                        )
                         if cell["errors"]:
                             print(f"  first error: {cell['first_error']}", flush=True)
         if args.soak > 0:
@@ -262,31 +283,45 @@ def main() -> None:
             session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
             outputs[name] = session.get_outputs()[0].name
             expected[name] = session.run(None, {"input": inputs[name]})[0]
-        print(f"loopback, tritonclient.http.aio (JSON or binary tensors) and tritonclient.grpc.aio, batch-1 "
-              f"requests; server = xdevice serve in its own process with ORT threads={args.threads}; "
-              f"{args.warmup:g} s warm-up + {args.duration:g} s per cell; batched = dynamic batching, "
-              f"max_batch_size {MAX_BATCH}, max_queue_delay {DELAY_US} us; plain = each request alone")
+        print(
+            f"loopback, tritonclient.http.aio (JSON or binary tensors) and tritonclient.grpc.aio, batch-1 "
+            f"requests; server = xdevice serve in its own process with ORT threads={args.threads}; "
+            f"{args.warmup:g} s warm-up + {args.duration:g} s per cell; batched = dynamic batching, "
+            f"max_batch_size {MAX_BATCH}, max_queue_delay {DELAY_US} us; plain = each request alone"
+        )
         print(f"{'model':<13} {'transport':<12} {'conc':>5} {'req/s':>9} {'p50 ms':>8} {'p99 ms':>8} {'errors':>7}")
         for name in args.models:
-            raw[name] = raw_baseline(root / f"{name}_plain" / "1" / "model.onnx", inputs[name], args.threads,
-                                     args.duration)
+            raw[name] = raw_baseline(
+                root / f"{name}_plain" / "1" / "model.onnx", inputs[name], args.threads, args.duration
+            )
             p50, p99, rate = raw[name]
-            print(f"{name + '_raw':<13} {'-':<12} {'-':>5} {rate:>9.0f} {p50:>8.3f} {p99:>8.3f} {'-':>7}  "
-                  f"(onnxruntime session.run, batch 1)", flush=True)
+            print(
+                f"{name + '_raw':<13} {'-':<12} {'-':>5} {rate:>9.0f} {p50:>8.3f} {p99:>8.3f} {'-':>7}  "
+                f"(onnxruntime session.run, batch 1)",
+                flush=True,
+            )
             x32 = np.repeat(inputs[name], 32, axis=0)
-            economy[name] = raw_baseline(root / f"{name}_plain" / "1" / "model.onnx", x32, args.threads,
-                                         args.duration / 2)[2] * 32 / rate
+            economy[name] = (
+                raw_baseline(root / f"{name}_plain" / "1" / "model.onnx", x32, args.threads, args.duration / 2)[2]
+                * 32
+                / rate
+            )
         with ServerProcess(root, threads=args.threads) as server:
-            cells = asyncio.run(drive(server.url, server.grpc_url, server.process.pid, args.models, inputs, expected,
-                                      outputs, args))
+            cells = asyncio.run(
+                drive(server.url, server.grpc_url, server.process.pid, args.models, inputs, expected, outputs, args)
+            )
 
-    print(f"\nbatching speed-up at concurrency {high} (batched req/s / plain req/s; targets: never below 1x, "
-          f">= 1.4x on the mlp):")
+    print(
+        f"\nbatching speed-up at concurrency {high} (batched req/s / plain req/s; targets: never below 1x, "
+        f">= 1.4x on the mlp):"
+    )
     for name in args.models:
         for transport in args.transports:
             batched, plain = cells[name, "batched", transport, high], cells[name, "plain", transport, high]
-            print(f"  {name:<5} {transport:<12} {batched['rps'] / plain['rps']:.2f}x  "
-                  f"({batched['rps']:.0f} / {plain['rps']:.0f})")
+            print(
+                f"  {name:<5} {transport:<12} {batched['rps'] / plain['rps']:.2f}x  "
+                f"({batched['rps']:.0f} / {plain['rps']:.0f})"
+            )
     print("compute saved by batching in ORT itself (rows/s at batch 32 / rows/s at batch 1):")
     for name in args.models:
         print(f"  {name:<5} {economy[name]:.2f}x")
@@ -295,11 +330,15 @@ def main() -> None:
         raw_p50 = raw[name][0]
         for transport in args.transports:
             plain, batched = cells[name, "plain", transport, low], cells[name, "batched", transport, low]
-            print(f"  {name:<5} {transport:<12} plain {plain['p50'] - raw_p50:+.2f} ms  "
-                  f"(batched {batched['p50'] - raw_p50:+.2f} ms, which includes the queue delay)")
+            print(
+                f"  {name:<5} {transport:<12} plain {plain['p50'] - raw_p50:+.2f} ms  "
+                f"(batched {batched['p50'] - raw_p50:+.2f} ms, which includes the queue delay)"
+            )
     total = sum(cell["errors"] for cell in cells.values())
-    print(f"total errors: {total} (target 0); median req/s over cells: "
-          f"{statistics.median(c['rps'] for c in cells.values()):.0f}")
+    print(
+        f"total errors: {total} (target 0); median req/s over cells: "
+        f"{statistics.median(c['rps'] for c in cells.values()):.0f}"
+    )
 
 
 if __name__ == "__main__":

@@ -68,8 +68,7 @@ def timed(*steps_to_time, warmup: int, steps: int, budget: float) -> list[float]
             step()
     times: list[list[float]] = [[] for _ in steps_to_time]
     began = time.perf_counter()
-    while len(times[0]) < steps and (len(times[0]) < 3 or
-                                     time.perf_counter() - began < budget * len(steps_to_time)):
+    while len(times[0]) < steps and (len(times[0]) < 3 or time.perf_counter() - began < budget * len(steps_to_time)):
         for step, taken in zip(steps_to_time, times):
             start = time.perf_counter()
             step()
@@ -78,6 +77,7 @@ def timed(*steps_to_time, warmup: int, steps: int, budget: float) -> list[float]
 
 
 # -- native training loops, one per framework ---------------------------------------------------
+
 
 def torch_native(model, x, y):
     import torch
@@ -119,7 +119,8 @@ def jax_native(model, x, y):
 
     def step():
         state["trainable"], state["buffers"], state["optimizer"], loss = update(
-            state["trainable"], state["buffers"], state["optimizer"], x, y)
+            state["trainable"], state["buffers"], state["optimizer"], x, y
+        )
         return float(loss)
 
     return step
@@ -148,6 +149,7 @@ NATIVE = {"torch": torch_native, "jax": jax_native, "tensorflow": tensorflow_nat
 
 
 # -- data sources that are slow to produce batches ---------------------------------------------
+
 
 class SlowBatches:
     """Batches of ``(x, y)`` rows, each taking about ``seconds`` to produce: numpy work on the
@@ -186,21 +188,33 @@ class SlowBatches:
 def stalls(name: str, backend: str, device: str, batch: int, step_seconds: float, count: int = 30) -> None:
     model = models.build(name, backend=backend, device=device, seed=0)
     x, y = batch_for(model, batch * 4)
-    print(f"\ninput stalls: {name} on {backend}, fit for 2 epochs of {count} batches of {batch} from an iterable "
-          f"that takes ~{step_seconds * 1e3:.1f} ms (one step) to produce each batch; the last epoch:")
+    print(
+        f"\ninput stalls: {name} on {backend}, fit for 2 epochs of {count} batches of {batch} from an iterable "
+        f"that takes ~{step_seconds * 1e3:.1f} ms (one step) to produce each batch; the last epoch:"
+    )
     print(f"{'source':<8} {'prefetch':>8} {'input_wait':>11} {'steps/s':>8} {'epoch s':>8}")
     for kind in ("numpy", "sleep"):
         data = SlowBatches(x, y, batch, count, step_seconds, kind)
         for prefetch in (0, 2):
-            history = xdevice.fit(models.build(name, backend=backend, device=device, seed=0), data, epochs=2,
-                                  prefetch=prefetch, lr=LR, verbose=0)
+            history = xdevice.fit(
+                models.build(name, backend=backend, device=device, seed=0),
+                data,
+                epochs=2,
+                prefetch=prefetch,
+                lr=LR,
+                verbose=0,
+            )
             last = history.epochs[-1]
-            print(f"{kind:<8} {prefetch:>8} {last['input_wait']:>10.1%} {count / last['seconds']:>8.1f} "
-                  f"{last['seconds']:>8.2f}", flush=True)
+            print(
+                f"{kind:<8} {prefetch:>8} {last['input_wait']:>10.1%} {count / last['seconds']:>8.1f} "
+                f"{last['seconds']:>8.2f}",
+                flush=True,
+            )
 
 
-def scaling(names: list[str], backends: list[str], batch: int, warmup: int, steps: int, budget: float,
-            kind: str = "gpu") -> None:
+def scaling(
+    names: list[str], backends: list[str], batch: int, warmup: int, steps: int, budget: float, kind: str = "gpu"
+) -> None:
     """1 device against all of them (``kind``: GPUs, or virtual CPUs to try the path without
     GPUs), data-parallel in one process, ``batch`` rows per device."""
     print(f"\nscaling over {kind} devices in one process (fit(..., devices=[...])), {batch} rows per device:")
@@ -209,8 +223,14 @@ def scaling(names: list[str], backends: list[str], batch: int, warmup: int, step
         found = xdevice.devices(kind=kind, backend=backend) if backend != "numpy" else []
         engine = xdevice.backend(backend)
         if not engine.supports_replication:
-            print(f"{'':<12} {backend:<11} " + ("replicates across processes only (xdevice launch); not measured here"
-                                                 if engine.supports_processes else "does not replicate"))
+            print(
+                f"{'':<12} {backend:<11} "
+                + (
+                    "replicates across processes only (xdevice launch); not measured here"
+                    if engine.supports_processes
+                    else "does not replicate"
+                )
+            )
             continue
         if len(found) < 2:
             print(f"{'':<12} {backend:<11} {len(found)} {kind} device(s): 1 vs N scaling needs at least two")
@@ -223,20 +243,37 @@ def scaling(names: list[str], backends: list[str], batch: int, warmup: int, step
                 x, y = batch_for(model, batch * count)
                 (seconds,) = timed(lambda: trainer.step(x, y), warmup=warmup, steps=steps, budget=budget)
                 rates[count] = batch * count / seconds
-                print(f"{name:<12} {backend:<11} {count:>7} {rates[count] / (batch * count):>8.1f} "
-                      f"{rates[count]:>9.0f} {rates[count] / rates[1]:>8.2f}x", flush=True)
+                print(
+                    f"{name:<12} {backend:<11} {count:>7} {rates[count] / (batch * count):>8.1f} "
+                    f"{rates[count]:>9.0f} {rates[count] / rates[1]:>8.2f}x",
+                    flush=True,
+                )
 
 
-def speed(names: list[str], backends: list[str], skipped: list[str], device: str, batch: int, warmup: int,
-          steps: int, budget: float) -> None:
+def speed(
+    names: list[str],
+    backends: list[str],
+    skipped: list[str],
+    device: str,
+    batch: int,
+    warmup: int,
+    steps: int,
+    budget: float,
+) -> None:
     """Steps/s of xdevice's step against the native loop, per model and backend (part 1)."""
     missing = f"; not installed: {', '.join(skipped)}" if skipped else ""
-    print(f"training steps/s at batch {batch}, Adam lr {LR}, on {device}; up to {steps} timed steps "
-          f"each after {warmup} warm-up steps, taken in turns{missing}")
-    print("ms = step time, median (min-max); ratio = xdevice steps/s / native steps/s (of the medians, "
-          "with the spread of the per-step ratios)")
-    print(f"{'model':<12} {'backend':<11} {'xdevice/s':>10} {'native/s':>9} {'ratio':>20}  "
-          f"{'xdevice ms':>20} {'native ms':>20}")
+    print(
+        f"training steps/s at batch {batch}, Adam lr {LR}, on {device}; up to {steps} timed steps "
+        f"each after {warmup} warm-up steps, taken in turns{missing}"
+    )
+    print(
+        "ms = step time, median (min-max); ratio = xdevice steps/s / native steps/s (of the medians, "
+        "with the spread of the per-step ratios)"
+    )
+    print(
+        f"{'model':<12} {'backend':<11} {'xdevice/s':>10} {'native/s':>9} {'ratio':>20}  "
+        f"{'xdevice ms':>20} {'native ms':>20}"
+    )
     for name in names:
         for backend in backends:
             model = models.build(name, backend=backend, device=device, seed=0)
@@ -250,8 +287,10 @@ def speed(names: list[str], backends: list[str], skipped: list[str], device: str
             ours = statistics.median(times["xdevice"])
             if "native" in times:
                 native = statistics.median(times["native"])
-                shown = (f"{1 / native:>9.1f} {ratio_cell(times['native'], times['xdevice']):>20}  "
-                         f"{cell(times['xdevice'], 'ms'):>20} {cell(times['native'], 'ms'):>20}")
+                shown = (
+                    f"{1 / native:>9.1f} {ratio_cell(times['native'], times['xdevice']):>20}  "
+                    f"{cell(times['xdevice'], 'ms'):>20} {cell(times['native'], 'ms'):>20}"
+                )
             else:
                 shown = f"{'-':>9} {'-':>20}  {cell(times['xdevice'], 'ms'):>20} {'-':>20}"
             print(f"{name:<12} {backend:<11} {1 / ours:>10.1f} {shown}", flush=True)
@@ -267,10 +306,19 @@ def main() -> None:
     parser.add_argument("--max-seconds", type=float, default=10.0, help="stop timing a cell after this long")
     parser.add_argument("--stall-model", default="cnn", choices=models.NAMES)
     parser.add_argument("--device", default="cpu", help="where to train (default cpu)")
-    parser.add_argument("--parts", nargs="+", default=["speed", "stalls", "scaling"],
-                        choices=["speed", "stalls", "scaling"], help="which measurements to run")
-    parser.add_argument("--scaling-on", default="gpu", choices=["gpu", "cpu"],
-                        help="cpu: scale over --cpu-devices virtual CPUs (tries the path; no speed-up to expect)")
+    parser.add_argument(
+        "--parts",
+        nargs="+",
+        default=["speed", "stalls", "scaling"],
+        choices=["speed", "stalls", "scaling"],
+        help="which measurements to run",
+    )
+    parser.add_argument(
+        "--scaling-on",
+        default="gpu",
+        choices=["gpu", "cpu"],
+        help="cpu: scale over --cpu-devices virtual CPUs (tries the path; no speed-up to expect)",
+    )
     parser.add_argument("--cpu-devices", type=int, default=2)
     parser.add_argument("--threads", type=int, default=1, help=THREADS_HELP)
     args = parser.parse_args()

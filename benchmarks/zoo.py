@@ -27,6 +27,7 @@ BATCH = 64
 
 # -- hand-written native networks, built from the zoo's canonical weights ---------------------
 
+
 def torch_native(name, spec, w):
     import torch
     from torch import nn
@@ -55,31 +56,55 @@ def torch_native(name, spec, w):
     if name == "mlp":
         net = nn.Sequential(linear("dense0"), nn.ReLU(), linear("dense1"), nn.ReLU(), linear("out"))
     elif name == "cnn":
-        net = nn.Sequential(conv("conv0"), nn.ReLU(), nn.MaxPool2d(2), conv("conv1"), nn.ReLU(), nn.MaxPool2d(2),
-                            nn.Flatten(), linear("out"))
+        net = nn.Sequential(
+            conv("conv0"),
+            nn.ReLU(),
+            nn.MaxPool2d(2),
+            conv("conv1"),
+            nn.ReLU(),
+            nn.MaxPool2d(2),
+            nn.Flatten(),
+            linear("out"),
+        )
     elif name == "resnet":
+
         class Block(nn.Module):
             def __init__(self, i):
                 super().__init__()
                 s = 1 if i == 0 else 2
                 self.c1, self.b1 = conv(f"stage{i}.conv1", s, bias=False), bn(f"stage{i}.bn1")
                 self.c2, self.b2 = conv(f"stage{i}.conv2", bias=False), bn(f"stage{i}.bn2")
-                self.short = nn.Sequential(conv(f"stage{i}.shortcut", s, 0, False), bn(f"stage{i}.shortcut_bn")) \
-                    if i else nn.Identity()
+                self.short = (
+                    nn.Sequential(conv(f"stage{i}.shortcut", s, 0, False), bn(f"stage{i}.shortcut_bn"))
+                    if i
+                    else nn.Identity()
+                )
 
             def forward(self, x):
                 return torch.relu(self.b2(self.c2(torch.relu(self.b1(self.c1(x))))) + self.short(x))
 
-        net = nn.Sequential(conv("stem.conv", bias=False), bn("stem.bn"), nn.ReLU(), Block(0), Block(1), Block(2),
-                            nn.AdaptiveAvgPool2d(1), nn.Flatten(), linear("out"))
+        net = nn.Sequential(
+            conv("stem.conv", bias=False),
+            bn("stem.bn"),
+            nn.ReLU(),
+            Block(0),
+            Block(1),
+            Block(2),
+            nn.AdaptiveAvgPool2d(1),
+            nn.Flatten(),
+            linear("out"),
+        )
     elif name == "lstm":
+
         class Net(nn.Module):
             def __init__(self):
                 super().__init__()
                 self.embed = nn.Embedding.from_pretrained(t["embedding.weight"])
                 self.lstm = nn.LSTM(spec["embedding"], spec["hidden"], batch_first=True)
-                self.lstm.weight_ih_l0.data, self.lstm.weight_hh_l0.data = t["lstm.w_ih"].T.contiguous(), \
-                    t["lstm.w_hh"].T.contiguous()
+                self.lstm.weight_ih_l0.data, self.lstm.weight_hh_l0.data = (
+                    t["lstm.w_ih"].T.contiguous(),
+                    t["lstm.w_hh"].T.contiguous(),
+                )
                 self.lstm.bias_ih_l0.data, self.lstm.bias_hh_l0.data = t["lstm.b"], torch.zeros_like(t["lstm.b"])
                 self.out = linear("out")
 
@@ -88,6 +113,7 @@ def torch_native(name, spec, w):
 
         net = Net()
     else:
+
         class Net(nn.Module):
             def __init__(self):
                 super().__init__()
@@ -96,8 +122,9 @@ def torch_native(name, spec, w):
                 self.positions = t["positions.weight"]
                 self.blocks = nn.ModuleList()
                 for i in range(spec["blocks"]):
-                    layer = nn.TransformerEncoderLayer(d, spec["heads"], spec["mlp"], 0.0, "gelu", spec["eps"],
-                                                       batch_first=True, norm_first=True)
+                    layer = nn.TransformerEncoderLayer(
+                        d, spec["heads"], spec["mlp"], 0.0, "gelu", spec["eps"], batch_first=True, norm_first=True
+                    )
                     p = f"block{i}"
                     layer.self_attn.in_proj_weight.data = t[f"{p}.attn.qkv.weight"].T.contiguous()
                     layer.self_attn.in_proj_bias.data = t[f"{p}.attn.qkv.bias"]
@@ -136,8 +163,8 @@ def jax_native(name, spec, w):
     import jax.numpy as jnp
 
     p = {k: jnp.asarray(v) for k, v in w.items()}
-    conv = lambda x, k, s=1, pad=1: jax.lax.conv_general_dilated(x, k, (s, s), [(pad, pad)] * 2)  # noqa: E731
-    pool = lambda x: jax.lax.reduce_window(x, -jnp.inf, jax.lax.max, (1, 1, 2, 2), (1, 1, 2, 2), "VALID")  # noqa: E731
+    conv = lambda x, k, s=1, pad=1: jax.lax.conv_general_dilated(x, k, (s, s), [(pad, pad)] * 2)
+    pool = lambda x: jax.lax.reduce_window(x, -jnp.inf, jax.lax.max, (1, 1, 2, 2), (1, 1, 2, 2), "VALID")
 
     def bn(x, q):
         inv = p[f"{q}.scale"] / jnp.sqrt(p[f"{q}.var"] + spec.get("eps", 1e-5))
@@ -205,11 +232,10 @@ def tensorflow_native(name, spec, w):
     from tensorflow import keras
 
     t = {k: tf.constant(v) for k, v in w.items()}
-    hwio = lambda k: tf.transpose(t[k], (2, 3, 1, 0))  # noqa: E731 - OIHW -> HWIO for Keras
+    hwio = lambda k: tf.transpose(t[k], (2, 3, 1, 0))
 
     def conv(key, filters, stride=1, bias=True, padding="same"):
-        layer = keras.layers.Conv2D(filters, t[key].shape[2], stride, "valid" if stride > 1 else padding,
-                                    use_bias=bias)
+        layer = keras.layers.Conv2D(filters, t[key].shape[2], stride, "valid" if stride > 1 else padding, use_bias=bias)
         layer.build((None, None, None, t[key].shape[1]))
         layer.set_weights([hwio(key).numpy()] + ([t[key.replace("weight", "bias")].numpy()] if bias else []))
         if stride > 1 and padding == "same":  # Keras' "same" pads (0, 1) at stride 2; the zoo pads (1, 1)
@@ -245,9 +271,15 @@ def tensorflow_native(name, spec, w):
         blocks = []
         for i, width in enumerate(spec["widths"]):
             s, q = (1 if i == 0 else 2), f"stage{i}"
-            blocks.append((conv(f"{q}.conv1.weight", width, s, False), bn(f"{q}.bn1"),
-                           conv(f"{q}.conv2.weight", width, 1, False), bn(f"{q}.bn2"),
-                           (conv(f"{q}.shortcut.weight", width, s, False, "valid"), bn(f"{q}.shortcut_bn")) if i else None))
+            blocks.append(
+                (
+                    conv(f"{q}.conv1.weight", width, s, False),
+                    bn(f"{q}.bn1"),
+                    conv(f"{q}.conv2.weight", width, 1, False),
+                    bn(f"{q}.bn2"),
+                    (conv(f"{q}.shortcut.weight", width, s, False, "valid"), bn(f"{q}.shortcut_bn")) if i else None,
+                )
+            )
 
         def forward(x):
             h = tf.nn.relu(stem_bn(stem(tf.transpose(x, (0, 2, 3, 1))), training=False))
@@ -274,11 +306,23 @@ def tensorflow_native(name, spec, w):
             q, k, v = np.split(w[f"block{i}.attn.qkv.weight"], 3, -1)
             bq, bk, bv = np.split(w[f"block{i}.attn.qkv.bias"], 3, -1)
             shape = (d, heads, d // heads)
-            layer.set_weights([q.reshape(shape), bq.reshape(heads, -1), k.reshape(shape), bk.reshape(heads, -1),
-                               v.reshape(shape), bv.reshape(heads, -1),
-                               w[f"block{i}.attn.out.weight"].reshape(heads, d // heads, d), w[f"block{i}.attn.out.bias"]])
+            layer.set_weights(
+                [
+                    q.reshape(shape),
+                    bq.reshape(heads, -1),
+                    k.reshape(shape),
+                    bk.reshape(heads, -1),
+                    v.reshape(shape),
+                    bv.reshape(heads, -1),
+                    w[f"block{i}.attn.out.weight"].reshape(heads, d // heads, d),
+                    w[f"block{i}.attn.out.bias"],
+                ]
+            )
             norms = []
-            for ln in ("norm1", "norm2", ):
+            for ln in (
+                "norm1",
+                "norm2",
+            ):
                 layer_norm = keras.layers.LayerNormalization(epsilon=spec["eps"])
                 layer_norm.build((None, None, d))
                 layer_norm.set_weights([w[f"block{i}.{ln}.scale"], w[f"block{i}.{ln}.offset"]])
@@ -319,6 +363,7 @@ def zoo_runner(model, backend_name):
         def run(x):
             with torch.no_grad():
                 return module(x)
+
         return run
     if backend_name == "jax":
         import jax
@@ -339,8 +384,10 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1, help=THREADS_HELP)
     args = parser.parse_args()
     print(pin_threads(args.threads, frameworks=tuple(args.backends)))
-    print(f"batch {BATCH}, {args.repeats} rounds after 3 warm-ups, zoo and native in turns; "
-          "ms median (min-max); ratio = zoo / native (1.00 = no overhead)")
+    print(
+        f"batch {BATCH}, {args.repeats} rounds after 3 warm-ups, zoo and native in turns; "
+        "ms median (min-max); ratio = zoo / native (1.00 = no overhead)"
+    )
     print(f"{'model':<12} {'backend':<11} {'zoo ms':>20} {'native ms':>20} {'ratio':>18}  same output")
     for name in args.models:
         model = models.build(name, seed=0)
@@ -353,11 +400,19 @@ def main() -> None:
             xin = backend.ops.asarray(x)
             same = compare(backend.ops.to_numpy(native(xin)), backend.ops.to_numpy(zoo_run(xin)), "float32")
             to_numpy = backend.ops.to_numpy  # every call is waited for
-            times = interleaved({"zoo": lambda: to_numpy(zoo_run(xin)), "native": lambda: to_numpy(native(xin))},
-                                samples=args.repeats, warmup=3, budget=30)
-            print(f"{name:<12} {backend_name:<11} {cell(times['zoo'], 'ms'):>20} {cell(times['native'], 'ms'):>20} "
-                  f"{ratio_cell(times['zoo'], times['native']):>18}  "
-                  f"{'yes' if same.ok else 'NO: ' + same.describe()}", flush=True)
+            times = interleaved(
+                {"zoo": lambda: to_numpy(zoo_run(xin)), "native": lambda: to_numpy(native(xin))},
+                samples=args.repeats,
+                warmup=3,
+                budget=30,
+            )
+            print(
+                f"{name:<12} {backend_name:<11} {cell(times['zoo'], 'ms'):>20} {cell(times['native'], 'ms'):>20} "
+                f"{ratio_cell(times['zoo'], times['native']):>18}  "
+                f"{'yes' if same.ok else 'NO: ' + same.describe()}",
+                flush=True,
+            )
+
 
 if __name__ == "__main__":
     main()

@@ -15,5 +15,14 @@ from xdevice.converters.export import ExportResult, TensorInfo, Verification, ex
 from xdevice.converters.formats import Converted, convert_model
 from xdevice.converters.importer import ImportedModel, from_onnx
 
-__all__ = ["Converted", "ExportResult", "ImportedModel", "TensorInfo", "Verification", "convert_model",
-           "export", "from_onnx", "verify"]
+__all__ = [
+    "Converted",
+    "ExportResult",
+    "ImportedModel",
+    "TensorInfo",
+    "Verification",
+    "convert_model",
+    "export",
+    "from_onnx",
+    "verify",
+]

@@ -33,9 +33,11 @@ class Outcome:
 
     def summary(self) -> str:
         counts = self.counts
-        return (f"{self.backend}: {counts.get('pass', 0)} passed, {counts.get('fail', 0)} failed, "
-                f"{counts.get('error', 0)} errors, {counts.get('skip', 0)} skipped "
-                f"of {len(self.status)} node tests ({self.seconds:.0f} s)")
+        return (
+            f"{self.backend}: {counts.get('pass', 0)} passed, {counts.get('fail', 0)} failed, "
+            f"{counts.get('error', 0)} errors, {counts.get('skip', 0)} skipped "
+            f"of {len(self.status)} node tests ({self.seconds:.0f} s)"
+        )
 
 
 def run_suite(backend: str, pattern: str | None = None, modules: list[str] | None = None) -> Outcome:

@@ -84,8 +84,10 @@ class Verification:
         c = self.comparison
         if self.scale == 1.0:
             return f"|onnx - source| <= {c.atol:g} + {c.rtol:g} * |source|"
-        return (f"|onnx - source| <= {c.atol:.3g} + {c.rtol:g} * |source| (atol scaled to the output's "
-                f"magnitude, {self.scale:.3g})")
+        return (
+            f"|onnx - source| <= {c.atol:.3g} + {c.rtol:g} * |source| (atol scaled to the output's "
+            f"magnitude, {self.scale:.3g})"
+        )
 
     def __str__(self) -> str:
         where = f"batch {self.batch}" + (f", {self.sizes}" if self.sizes else "")
@@ -130,8 +132,10 @@ class ExportResult:
 
     def __str__(self) -> str:
         asked = "" if self.opset == self.requested_opset else f" (asked for {self.requested_opset})"
-        lines = [f"exported from {self.backend} by {self.producer} in {self.seconds:.2f} s",
-                 f"opset     {self.opset}{asked}"]
+        lines = [
+            f"exported from {self.backend} by {self.producer} in {self.seconds:.2f} s",
+            f"opset     {self.opset}{asked}",
+        ]
         lines += [f"input     {t}" for t in self.inputs]
         lines += [f"output    {t}" for t in self.outputs]
         lines += [f"verified  {v}" for v in self.verification] or ["verified  no (verify=False)"]
@@ -140,9 +144,17 @@ class ExportResult:
         return "\n".join(lines)
 
 
-def export(model: Any, path: str | os.PathLike | None = None, *, backend: str | None = None,
-           example_inputs: Any = None, opset: int = 18, dynamic_batch: bool = True,
-           dynamic_axes: Mapping[Any, Any] | None = None, verify: bool = True) -> ExportResult:
+def export(
+    model: Any,
+    path: str | os.PathLike | None = None,
+    *,
+    backend: str | None = None,
+    example_inputs: Any = None,
+    opset: int = 18,
+    dynamic_batch: bool = True,
+    dynamic_axes: Mapping[Any, Any] | None = None,
+    verify: bool = True,
+) -> ExportResult:
     """``model`` as an ONNX model: exported, checked, and verified against its source.
 
     Args:
@@ -178,7 +190,7 @@ def export(model: Any, path: str | os.PathLike | None = None, *, backend: str | 
     seconds = time.perf_counter() - start
     _name_inputs_and_outputs(proto, dynamic_batch, inputs.names, axes)
     producer = _producer(proto)
-    source = lambda *xs: exporter.native_outputs(target, inputs.replaced(xs))  # noqa: E731
+    source = lambda *xs: exporter.native_outputs(target, inputs.replaced(xs))
     with _staged(proto, path) as location:
         _check(proto, location, producer)
         inputs_info = tuple(_info(v) for v in _graph_inputs(proto))
@@ -189,10 +201,18 @@ def export(model: Any, path: str | os.PathLike | None = None, *, backend: str | 
             checks += _verify(proto, source, inputs, location, _sizes(inputs, axes))
             if any(axes):
                 checks += _verify(proto, source, second, location, _sizes(second, axes))
-    return ExportResult(model=proto, path=Path(path) if path is not None else None, backend=name,
-                        opset=_opset(proto), requested_opset=opset, producer=producer,
-                        inputs=inputs_info, outputs=tuple(_info(v) for v in proto.graph.output),
-                        verification=tuple(checks), seconds=seconds)
+    return ExportResult(
+        model=proto,
+        path=Path(path) if path is not None else None,
+        backend=name,
+        opset=_opset(proto),
+        requested_opset=opset,
+        producer=producer,
+        inputs=inputs_info,
+        outputs=tuple(_info(v) for v in proto.graph.output),
+        verification=tuple(checks),
+        seconds=seconds,
+    )
 
 
 def verify(model: Any, source: Callable[..., Any], inputs: Any) -> list[Verification]:
@@ -218,8 +238,10 @@ def verify(model: Any, source: Callable[..., Any], inputs: Any) -> list[Verifica
 
 # -- what the model is ------------------------------------------------------------------------
 
-def _source(model: Any, backend: str | None, example_inputs: Any, dynamic_batch: bool
-            ) -> tuple[str, Any, tuple[Any, ...], tuple[Any, ...]]:
+
+def _source(
+    model: Any, backend: str | None, example_inputs: Any, dynamic_batch: bool
+) -> tuple[str, Any, tuple[Any, ...], tuple[Any, ...]]:
     """``(backend name, native target, example inputs, inputs at a second batch size)``."""
     from xdevice import models
 
@@ -233,11 +255,14 @@ def _source(model: Any, backend: str | None, example_inputs: Any, dynamic_batch:
             return name, target, inputs, second
     else:
         if example_inputs is None:
-            raise ConversionError(message(
-                "A native model needs example_inputs to be exported",
-                expected="an array, a tuple of arrays, or a dict of them (named inputs), batch first",
-                received=f"{type(model).__qualname__} with example_inputs=None",
-                fix="export(model, example_inputs=np.zeros((2, 784), 'float32')) with your input's shape"))
+            raise ConversionError(
+                message(
+                    "A native model needs example_inputs to be exported",
+                    expected="an array, a tuple of arrays, or a dict of them (named inputs), batch first",
+                    received=f"{type(model).__qualname__} with example_inputs=None",
+                    fix="export(model, example_inputs=np.zeros((2, 784), 'float32')) with your input's shape",
+                )
+            )
         name = model.backend.name if _is_imported(model) else backend or _framework_of(model)
         target = model
     inputs = _as_inputs(example_inputs)
@@ -273,11 +298,15 @@ def _framework_of(model: Any) -> str:
     """The backend that exports a native ``model``: the one that owns it (``_registry.owner``)."""
     found = _registry.owner(model)
     if found is None or found[1] != "model":
-        raise ConversionError(message(
-            "Cannot tell which framework this model belongs to",
-            expected="a zoo Model, or a model of a loaded framework",
-            received=type(model).__qualname__, choices=_registry.accepted("model"),
-            fix="pass backend=... to say which framework runs it"))
+        raise ConversionError(
+            message(
+                "Cannot tell which framework this model belongs to",
+                expected="a zoo Model, or a model of a loaded framework",
+                received=type(model).__qualname__,
+                choices=_registry.accepted("model"),
+                fix="pass backend=... to say which framework runs it",
+            )
+        )
     return found[0].name
 
 
@@ -291,9 +320,13 @@ def _check_example(inputs: tuple[Any, ...], dynamic_batch: bool) -> None:
     if not inputs:
         raise ConversionError(message("No example inputs", expected="at least one array"))
     if dynamic_batch and (any(x.ndim == 0 for x in inputs) or len({x.shape[0] for x in inputs}) > 1):
-        raise ConversionError(message(
-            "A dynamic batch needs every input to have the same batch size on axis 0",
-            received=[x.shape for x in inputs], fix="pass dynamic_batch=False for other inputs"))
+        raise ConversionError(
+            message(
+                "A dynamic batch needs every input to have the same batch size on axis 0",
+                received=[x.shape for x in inputs],
+                fix="pass dynamic_batch=False for other inputs",
+            )
+        )
 
 
 def _runs_on(exporter: Any, target: Any, inputs: Inputs) -> None:
@@ -302,17 +335,21 @@ def _runs_on(exporter: Any, target: Any, inputs: Inputs) -> None:
     deep inside a tracer."""
     try:
         exporter.native_outputs(target, inputs)
-    except Exception as error:  # noqa: BLE001 - each framework raises its own type
+    except Exception as error:
         text = re.sub(r"\x1b\[[0-9;]*m", "", str(error))  # Keras colours its messages
         lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
-        cause = next((line for line in lines if "shape" in line.lower() or "dtype" in line.lower()),
-                     lines[0] if lines else "")
-        raise ConversionError(message(
-            f"The model fails on its example inputs, so there is nothing to export ({exporter.name} "
-            f"raised {type(error).__name__}: {cause[:300]})",
-            expected="example inputs of the shapes and dtypes the model takes, batch first",
-            received=", ".join(f"{name}: {x.dtype}{list(x.shape)}" for name, x in zip(inputs.names, inputs)),
-            fix="call the model on those inputs yourself to see what it wants, then pass such arrays")) from error
+        cause = next(
+            (line for line in lines if "shape" in line.lower() or "dtype" in line.lower()), lines[0] if lines else ""
+        )
+        raise ConversionError(
+            message(
+                f"The model fails on its example inputs, so there is nothing to export ({exporter.name} "
+                f"raised {type(error).__name__}: {cause[:300]})",
+                expected="example inputs of the shapes and dtypes the model takes, batch first",
+                received=", ".join(f"{name}: {x.dtype}{list(x.shape)}" for name, x in zip(inputs.names, inputs)),
+                fix="call the model on those inputs yourself to see what it wants, then pass such arrays",
+            )
+        ) from error
 
 
 def _axes(inputs: Inputs, dynamic_batch: bool, dynamic_axes: Mapping[Any, Any] | None) -> list[dict[int, str]]:
@@ -320,44 +357,66 @@ def _axes(inputs: Inputs, dynamic_batch: bool, dynamic_axes: Mapping[Any, Any] |
     axes: list[dict[int, str]] = [{0: BATCH} if dynamic_batch and x.ndim else {} for x in inputs]
     if not dynamic_axes:
         return axes
-    usage = ('dynamic_axes={1: "seq"} (every input with an axis 1) or {"<input>": {1: "seq"}} '
-             f"with the inputs {list(inputs.names)}")
+    usage = (
+        'dynamic_axes={1: "seq"} (every input with an axis 1) or {"<input>": {1: "seq"}} '
+        f"with the inputs {list(inputs.names)}"
+    )
     if not isinstance(dynamic_axes, Mapping):
         raise ConversionError(message("dynamic_axes must be a dict", received=repr(dynamic_axes), fix=usage))
     per_input = all(isinstance(k, str) for k in dynamic_axes)
     for index, (name, x) in enumerate(zip(inputs.names, inputs)):
         wanted = dynamic_axes.get(name, {}) if per_input else dynamic_axes
         if not isinstance(wanted, Mapping):
-            raise ConversionError(message(f"dynamic_axes[{name!r}] must be a dict of axis to name",
-                                          received=repr(wanted), fix=usage))
+            raise ConversionError(
+                message(f"dynamic_axes[{name!r}] must be a dict of axis to name", received=repr(wanted), fix=usage)
+            )
         for axis, symbol in wanted.items():
             if not isinstance(axis, int) or not isinstance(symbol, str) or not symbol.isidentifier():
-                raise ConversionError(message("Each dynamic axis is an int mapped to a name", received=f"{axis!r}: "
-                                              f"{symbol!r}", fix=usage))
+                raise ConversionError(
+                    message("Each dynamic axis is an int mapped to a name", received=f"{axis!r}: {symbol!r}", fix=usage)
+                )
             if per_input and not -x.ndim <= axis < x.ndim:
-                raise ConversionError(message(f"Input {name!r} has no axis {axis}", expected=f"an axis of its "
-                                              f"{x.ndim} (shape {x.shape})", received=axis, fix=usage))
+                raise ConversionError(
+                    message(
+                        f"Input {name!r} has no axis {axis}",
+                        expected=f"an axis of its {x.ndim} (shape {x.shape})",
+                        received=axis,
+                        fix=usage,
+                    )
+                )
             if -x.ndim <= axis < x.ndim:
                 axes[index][axis % x.ndim] = symbol
     unknown = [k for k in dynamic_axes if per_input and k not in inputs.names]
     if unknown:
-        raise ConversionError(message("dynamic_axes names inputs the model does not take", received=unknown,
-                                      choices=list(inputs.names), fix=usage))
+        raise ConversionError(
+            message(
+                "dynamic_axes names inputs the model does not take",
+                received=unknown,
+                choices=list(inputs.names),
+                fix=usage,
+            )
+        )
     sizes: dict[str, set] = {}
     for x, found in zip(inputs, axes):
         for axis, symbol in found.items():
             sizes.setdefault(symbol, set()).add(x.shape[axis])
     clashing = {symbol: sorted(found) for symbol, found in sizes.items() if len(found) > 1}
     if clashing:
-        raise ConversionError(message("One dynamic axis name stands for one size, but the example inputs "
-                                      "differ there", received=clashing, fix="give those axes different names"))
+        raise ConversionError(
+            message(
+                "One dynamic axis name stands for one size, but the example inputs differ there",
+                received=clashing,
+                fix="give those axes different names",
+            )
+        )
     return axes
 
 
 def _sizes(inputs: Inputs, axes: list[dict[int, str]]) -> str:
     """The sizes of the dynamic axes but the batch, in words: ``"seq 31"``."""
-    found = {symbol: x.shape[axis] for x, named in zip(inputs, axes) for axis, symbol in named.items()
-             if symbol != BATCH}
+    found = {
+        symbol: x.shape[axis] for x, named in zip(inputs, axes) for axis, symbol in named.items() if symbol != BATCH
+    }
     return ", ".join(f"{symbol} {size}" for symbol, size in found.items())
 
 
@@ -367,8 +426,12 @@ def _resized(inputs: Inputs, axes: list[dict[int, str]]) -> Inputs:
     so token ids stay valid. For the second verification."""
     import numpy as np
 
-    sizes = {symbol: x.shape[axis] - 1 if x.shape[axis] > 2 else x.shape[axis] + 1 for x, found in zip(inputs, axes)
-             for axis, symbol in found.items() if symbol != BATCH}
+    sizes = {
+        symbol: x.shape[axis] - 1 if x.shape[axis] > 2 else x.shape[axis] + 1
+        for x, found in zip(inputs, axes)
+        for axis, symbol in found.items()
+        if symbol != BATCH
+    }
     if not sizes:
         return inputs
     resized = []
@@ -397,13 +460,15 @@ def _resampled(inputs: Inputs) -> Inputs:
 
 # -- after the exporter -----------------------------------------------------------------------
 
+
 def _graph_inputs(proto: Any) -> list[Any]:
     initializers = {t.name for t in proto.graph.initializer}
     return [v for v in proto.graph.input if v.name not in initializers]
 
 
-def _name_inputs_and_outputs(proto: Any, dynamic_batch: bool, input_names: tuple[str, ...],
-                             axes: list[dict[int, str]]) -> None:
+def _name_inputs_and_outputs(
+    proto: Any, dynamic_batch: bool, input_names: tuple[str, ...], axes: list[dict[int, str]]
+) -> None:
     """The example inputs' names (``input``/``input_<i>``, or a dict's keys), the source's
     output names (``output``/``output_<i>``, or a dict's keys, as the backend recorded them),
     and one ``batch`` symbol on axis 0, whatever the exporter chose (``x``/``Identity:0``/
@@ -412,13 +477,17 @@ def _name_inputs_and_outputs(proto: Any, dynamic_batch: bool, input_names: tuple
     graph = proto.graph
     inputs, outputs = _graph_inputs(proto), list(graph.output)
     if len(inputs) != len(input_names):
-        extra = [v.name for v in inputs if v.name.split(":")[0] not in input_names][len(input_names) - len(inputs):]
-        raise ConversionError(message(
-            f"The exporter turned values of the model into graph inputs: the ONNX model takes {len(inputs)} "
-            f"inputs where the model takes {len(input_names)}",
-            expected=", ".join(input_names), received=[v.name for v in inputs],
-            fix=f"make {extra or 'them'} constants or weights of the model (a tensor the model closes over "
-                "rather than a variable), or export from another framework"))
+        extra = [v.name for v in inputs if v.name.split(":")[0] not in input_names][len(input_names) - len(inputs) :]
+        raise ConversionError(
+            message(
+                f"The exporter turned values of the model into graph inputs: the ONNX model takes {len(inputs)} "
+                f"inputs where the model takes {len(input_names)}",
+                expected=", ".join(input_names),
+                received=[v.name for v in inputs],
+                fix=f"make {extra or 'them'} constants or weights of the model (a tensor the model closes over "
+                "rather than a variable), or export from another framework",
+            )
+        )
     by_name = {v.name.split(":")[0]: v.name for v in inputs}
     wanted = {by_name[n]: n for n in input_names if n in by_name}
     unnamed = iter(n for n in input_names if n not in wanted.values())
@@ -428,8 +497,10 @@ def _name_inputs_and_outputs(proto: Any, dynamic_batch: bool, input_names: tuple
     recorded = {p.key: p.value for p in proto.metadata_props}.get(OUTPUT_NAMES)
     names = json.loads(recorded) if recorded else [_label("output", i, len(outputs)) for i in range(len(outputs))]
     _drop_metadata(proto, OUTPUT_NAMES)
-    for v, name in zip(outputs, names if len(names) == len(outputs) else
-                       [_label("output", i, len(outputs)) for i in range(len(outputs))]):
+    for v, name in zip(
+        outputs,
+        names if len(names) == len(outputs) else [_label("output", i, len(outputs)) for i in range(len(outputs))],
+    ):
         if v.name not in wanted:  # a graph input passed straight through keeps its input name
             wanted[v.name] = name
     taken = _all_names(graph) - set(wanted)
@@ -439,8 +510,9 @@ def _name_inputs_and_outputs(proto: Any, dynamic_batch: bool, input_names: tuple
     _name_axes(proto, axes)
     if not dynamic_batch:
         return
-    symbols = {v.type.tensor_type.shape.dim[0].dim_param for v in _graph_inputs(proto)
-               if v.type.tensor_type.shape.dim} - {""}
+    symbols = {
+        v.type.tensor_type.shape.dim[0].dim_param for v in _graph_inputs(proto) if v.type.tensor_type.shape.dim
+    } - {""}
     for v in [*_graph_inputs(proto), *graph.output]:  # a size the exporter pinned stays, for _check_batch
         dims = v.type.tensor_type.shape.dim
         if dims and not dims[0].HasField("dim_value"):
@@ -517,29 +589,46 @@ def _check(proto: Any, location: Path | None, producer: str) -> None:
     try:
         onnx.checker.check_model(proto if location is None else str(location), full_check=True)
     except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as error:
-        raise ConversionError(message(
-            f"The ONNX model {producer} wrote fails onnx's checks", received=str(error).strip()[:800],
-            fix="try another opset, or export from another backend")) from error
+        raise ConversionError(
+            message(
+                f"The ONNX model {producer} wrote fails onnx's checks",
+                received=str(error).strip()[:800],
+                fix="try another opset, or export from another backend",
+            )
+        ) from error
 
 
 def _check_batch(inputs: tuple[TensorInfo, ...], dynamic_batch: bool, producer: str) -> None:
     pinned = [t for t in inputs if dynamic_batch and t.shape and t.shape[0] != BATCH]
     if pinned:
-        raise ConversionError(message(
-            f"{producer} fixed the batch size instead of keeping it dynamic",
-            expected=f"axis 0 of every input named {BATCH!r}", received=[str(t) for t in pinned],
-            fix="make the model batch-agnostic (-1 in reshapes, sizes from the input's shape), "
-                "or pass dynamic_batch=False"))
+        raise ConversionError(
+            message(
+                f"{producer} fixed the batch size instead of keeping it dynamic",
+                expected=f"axis 0 of every input named {BATCH!r}",
+                received=[str(t) for t in pinned],
+                fix="make the model batch-agnostic (-1 in reshapes, sizes from the input's shape), "
+                "or pass dynamic_batch=False",
+            )
+        )
 
 
 def _check_axes(inputs: tuple[TensorInfo, ...], axes: list[dict[int, str]], producer: str) -> None:
-    pinned = [f"{t.name}[{axis}]={t.shape[axis]}" for t, found in zip(inputs, axes) for axis, symbol in found.items()
-              if symbol != BATCH and axis < len(t.shape) and t.shape[axis] != symbol]
+    pinned = [
+        f"{t.name}[{axis}]={t.shape[axis]}"
+        for t, found in zip(inputs, axes)
+        for axis, symbol in found.items()
+        if symbol != BATCH and axis < len(t.shape) and t.shape[axis] != symbol
+    ]
     if pinned:
-        raise ConversionError(message(
-            f"{producer} fixed dimensions asked to stay dynamic", expected="the names given in dynamic_axes",
-            received=pinned, fix="compute sizes from the input's shape in the model (no Python int of them), "
-                                 "or leave those axes out of dynamic_axes"))
+        raise ConversionError(
+            message(
+                f"{producer} fixed dimensions asked to stay dynamic",
+                expected="the names given in dynamic_axes",
+                received=pinned,
+                fix="compute sizes from the input's shape in the model (no Python int of them), "
+                "or leave those axes out of dynamic_axes",
+            )
+        )
 
 
 def _producer(proto: Any) -> str:
@@ -553,8 +642,12 @@ def _opset(proto: Any) -> int:
     for entry in proto.opset_import:
         if entry.domain in ("", "ai.onnx"):
             return int(entry.version)
-    raise ConversionError(message("The exported model declares no default-domain opset",
-                                  received=[(e.domain, e.version) for e in proto.opset_import]))
+    raise ConversionError(
+        message(
+            "The exported model declares no default-domain opset",
+            received=[(e.domain, e.version) for e in proto.opset_import],
+        )
+    )
 
 
 def _info(value: Any) -> TensorInfo:
@@ -570,6 +663,7 @@ def _info(value: Any) -> TensorInfo:
 
 
 # -- writing ----------------------------------------------------------------------------------
+
 
 @contextlib.contextmanager
 def _staged(proto: Any, path: str | os.PathLike | None) -> Iterator[Path | None]:
@@ -600,8 +694,14 @@ def _write(proto: Any, path: Path, large: bool) -> list[Path]:
         return [path]
     data = path.with_name(path.name + ".data")
     data.unlink(missing_ok=True)  # onnx appends to an existing data file
-    onnx.save_model(proto, str(path), save_as_external_data=True, all_tensors_to_one_file=True,
-                    location=data.name, size_threshold=1024)
+    onnx.save_model(
+        proto,
+        str(path),
+        save_as_external_data=True,
+        all_tensors_to_one_file=True,
+        location=data.name,
+        size_threshold=1024,
+    )
     # saving moved the tensors out of the in-memory model: read them back in
     onnx.load_external_data_for_model(proto, str(path.parent))
     return [path, data]
@@ -609,8 +709,10 @@ def _write(proto: Any, path: Path, large: bool) -> list[Path]:
 
 # -- verification -----------------------------------------------------------------------------
 
-def _verify(proto: Any, source: Callable[..., Any], inputs: Sequence[Any], location: Path | None,
-            sizes: str = "") -> list[Verification]:
+
+def _verify(
+    proto: Any, source: Callable[..., Any], inputs: Sequence[Any], location: Path | None, sizes: str = ""
+) -> list[Verification]:
     import numpy as np
     import onnxruntime
 
@@ -620,42 +722,62 @@ def _verify(proto: Any, source: Callable[..., Any], inputs: Sequence[Any], locat
     session = onnxruntime.InferenceSession(model, options, providers=["CPUExecutionProvider"])
     names = [i.name for i in session.get_inputs()]
     if len(names) != len(inputs):
-        raise ConversionError(message("The ONNX model takes another number of inputs than given",
-                                      expected=f"{len(names)} ({', '.join(names)})", received=len(inputs)))
+        raise ConversionError(
+            message(
+                "The ONNX model takes another number of inputs than given",
+                expected=f"{len(names)} ({', '.join(names)})",
+                received=len(inputs),
+            )
+        )
     given = getattr(inputs, "names", ())
     feeds = dict(zip(given, inputs)) if set(given) == set(names) else dict(zip(names, inputs))
     try:
         actual = session.run(None, feeds)
-    except Exception as error:  # noqa: BLE001 - ONNX Runtime's own failure type
-        raise ConversionError(message(
-            f"ONNX Runtime failed to run the exported model on inputs of shapes {[x.shape for x in inputs]}",
-            received=str(error).strip().splitlines()[0][-400:],
-            fix="the exporter fixed a size that depends on these dimensions: make the model shape-agnostic "
-                "there, or keep those dimensions static")) from error
+    except Exception as error:
+        raise ConversionError(
+            message(
+                f"ONNX Runtime failed to run the exported model on inputs of shapes {[x.shape for x in inputs]}",
+                received=str(error).strip().splitlines()[0][-400:],
+                fix="the exporter fixed a size that depends on these dimensions: make the model shape-agnostic "
+                "there, or keep those dimensions static",
+            )
+        ) from error
     expected = [np.asarray(y) for y in flat_outputs(source(*inputs))]
     outputs = [o.name for o in session.get_outputs()]
     if len(actual) != len(expected):
-        raise ConversionError(message("The ONNX model has another number of outputs than its source",
-                                      expected=str(len(expected)), received=f"{len(actual)}: {outputs}"))
+        raise ConversionError(
+            message(
+                "The ONNX model has another number of outputs than its source",
+                expected=str(len(expected)),
+                received=f"{len(actual)}: {outputs}",
+            )
+        )
     batch = int(inputs[0].shape[0]) if np.ndim(inputs[0]) else 1
     checks = []
     for name, a, e in zip(outputs, actual, expected):
         if a.shape != e.shape:
-            raise ConversionError(message(
-                f"ONNX output {name!r} has another shape than the source's at batch {batch}",
-                expected=str(e.shape), received=a.shape,
-                fix="check that the model is batch-agnostic, or pass dynamic_batch=False"))
+            raise ConversionError(
+                message(
+                    f"ONNX output {name!r} has another shape than the source's at batch {batch}",
+                    expected=str(e.shape),
+                    received=a.shape,
+                    fix="check that the model is batch-agnostic, or pass dynamic_batch=False",
+                )
+            )
         scale = _scale(e)
         comparison = compare(a, e, e.dtype.name, scale=scale)
         check = Verification(name, batch, comparison, scale, sizes)
         if not comparison.ok:
-            raise ConversionError(message(
-                f"ONNX output {name!r} disagrees with the source at batch {batch}: "
-                f"{comparison.actual!r} at index {comparison.worst_index} where the source gives "
-                f"{comparison.expected!r}",
-                expected=f"{check.check} ({e.dtype.name})",
-                received=f"max abs error {comparison.max_abs:.3g}, max rel {comparison.max_rel:.3g}",
-                fix="export with another opset or from another backend, or report the exporter bug"))
+            raise ConversionError(
+                message(
+                    f"ONNX output {name!r} disagrees with the source at batch {batch}: "
+                    f"{comparison.actual!r} at index {comparison.worst_index} where the source gives "
+                    f"{comparison.expected!r}",
+                    expected=f"{check.check} ({e.dtype.name})",
+                    received=f"max abs error {comparison.max_abs:.3g}, max rel {comparison.max_rel:.3g}",
+                    fix="export with another opset or from another backend, or report the exporter bug",
+                )
+            )
         checks.append(check)
     return checks
 

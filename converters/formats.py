@@ -31,6 +31,7 @@ from xdevice.converters.importer.model import ImportedModel, from_onnx
 
 __all__ = ["Converted", "convert_model", "formats"]
 
+
 def formats() -> dict[str, str]:
     """Installed backend -> the suffix of its framework's own saved program (``Backend.saved_format``)."""
     found = {}
@@ -81,17 +82,24 @@ def convert_model(model: Any, to: str, output: str | os.PathLike | None = None) 
         try:
             writer(imported, specs, examples, path, dynamic=attempt != "none")
             break
-        except Exception as error:  # noqa: BLE001 - each tracer refuses a symbolic dim its own way
+        except Exception as error:
             if attempt == "none":
                 raise
-            failures.append(f"{type(error).__name__}: {str(error).splitlines()[0][:160]}" if str(error)
-                            else type(error).__name__)
-    fixed = [f"{name}[{axis}]={size}" for (name, _, was), (_, _, now), x in zip(declared, specs, examples)
-             for axis, (d, e, size) in enumerate(zip(was, now, x.shape)) if isinstance(d, str) and not isinstance(e, str)]
+            failures.append(
+                f"{type(error).__name__}: {str(error).splitlines()[0][:160]}" if str(error) else type(error).__name__
+            )
+    fixed = [
+        f"{name}[{axis}]={size}"
+        for (name, _, was), (_, _, now), x in zip(declared, specs, examples)
+        for axis, (d, e, size) in enumerate(zip(was, now, x.shape))
+        if isinstance(d, str) and not isinstance(e, str)
+    ]
     note = ""
     if fixed:
-        note = (f"fixed at the example's size: {', '.join(fixed)}; the {to} tracer could not keep them "
-                f"symbolic ({failures[-1]})")
+        note = (
+            f"fixed at the example's size: {', '.join(fixed)}; the {to} tracer could not keep them "
+            f"symbolic ({failures[-1]})"
+        )
     dynamic = any(isinstance(d, str) for _, _, shape in specs for d in shape[:1])
     return Converted(path, to, dynamic, specs, time.perf_counter() - start, note)
 
@@ -103,8 +111,10 @@ def _input_specs(imported: ImportedModel) -> list[tuple[str, str, tuple]]:
     specs = []
     for name in imported.input_names:
         kind = by_name[name].type.tensor_type
-        shape = tuple(d.dim_value if d.HasField("dim_value") else (d.dim_param or f"{name}_{axis}")
-                      for axis, d in enumerate(kind.shape.dim))
+        shape = tuple(
+            d.dim_value if d.HasField("dim_value") else (d.dim_param or f"{name}_{axis}")
+            for axis, d in enumerate(kind.shape.dim)
+        )
         specs.append((name, onnx_dtype(kind.elem_type), shape))
     return specs
 
@@ -115,9 +125,18 @@ def _free(specs: list[tuple[str, str, tuple]], which: str) -> list[tuple[str, st
     sizes = _sizes(specs)
     kept = []
     for name, dtype, shape in specs:
-        kept.append((name, dtype, tuple(
-            d if isinstance(d, str) and (which == "all" or (which == "batch" and axis == 0)) else
-            (sizes[d] if isinstance(d, str) else d) for axis, d in enumerate(shape))))
+        kept.append(
+            (
+                name,
+                dtype,
+                tuple(
+                    d
+                    if isinstance(d, str) and (which == "all" or (which == "batch" and axis == 0))
+                    else (sizes[d] if isinstance(d, str) else d)
+                    for axis, d in enumerate(shape)
+                ),
+            )
+        )
     return kept
 
 

@@ -38,20 +38,27 @@ def load_model(model: Any, *, check: bool = True):
     else:
         path = Path(os.fspath(model))
         if not path.is_file():
-            raise ConversionError(message("No ONNX model at this path", received=str(path),
-                                          fix="check the path"))
+            raise ConversionError(message("No ONNX model at this path", received=str(path), fix="check the path"))
         size = path.stat().st_size
         if size > MAX_MODEL_BYTES:
-            raise ConversionError(message(
-                "ONNX model file too large for protobuf", expected=f"at most {MAX_MODEL_BYTES} bytes",
-                received=f"{size} bytes", fix="save the weights as external data next to the model"))
+            raise ConversionError(
+                message(
+                    "ONNX model file too large for protobuf",
+                    expected=f"at most {MAX_MODEL_BYTES} bytes",
+                    received=f"{size} bytes",
+                    fix="save the weights as external data next to the model",
+                )
+            )
         proto, folder = _parse(path.read_bytes(), str(path)), path.parent.resolve()
     external = _has_external_data(proto)
     if external:
         if folder is None:
-            raise ConversionError(message(
-                "This model keeps tensors in external files, but came without its folder",
-                fix="pass the .onnx file's path so its external data can be found"))
+            raise ConversionError(
+                message(
+                    "This model keeps tensors in external files, but came without its folder",
+                    fix="pass the .onnx file's path so its external data can be found",
+                )
+            )
         for tensor in _external_tensors(proto):
             _check_inside(tensor, folder)
     if check:  # through the file when there is one: a proto with its external data loaded may pass 2 GiB
@@ -67,8 +74,13 @@ def _validate(onnx: Any, model: Any) -> None:
     try:
         onnx.checker.check_model(model)
     except onnx.checker.ValidationError as error:
-        raise ConversionError(message("The ONNX model is not valid", received=str(error).splitlines()[0],
-                                      fix="re-export it, or run onnx.checker for details")) from error
+        raise ConversionError(
+            message(
+                "The ONNX model is not valid",
+                received=str(error).splitlines()[0],
+                fix="re-export it, or run onnx.checker for details",
+            )
+        ) from error
 
 
 def _parse(data: bytes, where: str):
@@ -79,9 +91,13 @@ def _parse(data: bytes, where: str):
     try:
         proto.ParseFromString(data)
     except (DecodeError, RuntimeError, ValueError) as error:
-        raise ConversionError(message("Cannot parse the ONNX model: truncated or not ONNX",
-                                      received=f"{where}: {error}",
-                                      fix="check that the file was written completely")) from error
+        raise ConversionError(
+            message(
+                "Cannot parse the ONNX model: truncated or not ONNX",
+                received=f"{where}: {error}",
+                fix="check that the file was written completely",
+            )
+        ) from error
     if not proto.graph.node and not proto.graph.output:
         raise ConversionError(message("Not an ONNX model (no graph)", received=where))
     return proto
@@ -101,10 +117,13 @@ def _check_inside(tensor, folder: Path) -> None:
     location = next((entry.value for entry in tensor.external_data if entry.key == "location"), "")
     target = (folder / location).resolve()
     if not location or os.path.isabs(location) or not target.is_relative_to(folder):
-        raise ConversionError(message(
-            f"External data of tensor {tensor.name!r} points outside the model's folder",
-            expected=f"a relative path inside {folder}", received=location,
-            fix="keep external data files next to the .onnx file"))
+        raise ConversionError(
+            message(
+                f"External data of tensor {tensor.name!r} points outside the model's folder",
+                expected=f"a relative path inside {folder}",
+                received=location,
+                fix="keep external data files next to the .onnx file",
+            )
+        )
     if not target.is_file():
-        raise ConversionError(message(f"External data of tensor {tensor.name!r} is missing",
-                                      received=str(target)))
+        raise ConversionError(message(f"External data of tensor {tensor.name!r} is missing", received=str(target)))

@@ -32,7 +32,7 @@ class _Rep(BackendRep):
         return tuple(numpy_of(o, ops) for o in outputs)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def onnx_backend(name: str) -> type[Backend]:
     """The ``onnx.backend.base.Backend`` class that runs models on xdevice backend ``name``."""
     _registry.backend(name)  # an unknown or missing backend fails here, with the pip line
@@ -53,9 +53,7 @@ def onnx_backend(name: str) -> type[Backend]:
         def supports_device(cls, device: str) -> bool:
             from xdevice._discovery import devices
 
-            return device.upper() == "CPU" or (device.upper() == "CUDA" and
-                                               bool(devices(kind="gpu", backend=name)))
+            return device.upper() == "CPU" or (device.upper() == "CUDA" and bool(devices(kind="gpu", backend=name)))
 
     XDeviceOnnxBackend.__name__ = XDeviceOnnxBackend.__qualname__ = f"{name.capitalize()}OnnxBackend"
     return XDeviceOnnxBackend
-

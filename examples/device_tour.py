@@ -33,9 +33,11 @@ def main() -> int:
     section(f"3. a placed computation: `with xdevice.on({best!r}, log=True)`")
     with xdevice.on(best, log=True) as placement:
         for name, result in matmul_in_each_framework():
-            print(f"  {name:<10} default set to {placement.devices.get(name, '-')!s:<6} "
-                  f"new arrays landed on {placement.actual.get(name, '-')!s:<6} "
-                  f"sum(ones(64,64) @ ones(64,64)) = {result:.0f}")
+            print(
+                f"  {name:<10} default set to {placement.devices.get(name, '-')!s:<6} "
+                f"new arrays landed on {placement.actual.get(name, '-')!s:<6} "
+                f"sum(ones(64,64) @ ones(64,64)) = {result:.0f}"
+            )
 
     section("4. one tensor through every framework, zero-copy (same data pointer)")
     names = xdevice.backends()
@@ -43,8 +45,10 @@ def main() -> int:
     for target in names:
         y = xdevice.convert(x, to=target, copy=False)
         pointer = xdevice.backend(target).data_pointer(y)
-        print(f"  {xdevice.backend_of(x):>10} -> {target:<10} on {xdevice.device_of(y)} "
-              f"pointer {pointer:#x}  values {xdevice.backend(target).to_numpy(y)[:4].tolist()}...")
+        print(
+            f"  {xdevice.backend_of(x):>10} -> {target:<10} on {xdevice.device_of(y)} "
+            f"pointer {pointer:#x}  values {xdevice.backend(target).to_numpy(y)[:4].tolist()}..."
+        )
         x = y
 
     section("5. the reference zoo: one set of weights, the same answers on every backend")
@@ -59,7 +63,8 @@ def main() -> int:
     for name in xdevice.backends():
         native = models.to_native(model, name)
         kind = {"torch": "a torch.nn.Module", "tensorflow": "a tf.Module of tf.Variables"}.get(
-            name, "(apply_fn, params)")
+            name, "(apply_fn, params)"
+        )
         back = models.from_native(native)
         same = all((back.numpy_params()[k] == model.numpy_params()[k]).all() for k in model.params)
         print(f"  {name:<10} {kind:<28} weights back exactly: {same}")
@@ -73,9 +78,11 @@ def main() -> int:
         section(f"7. ONNX: export the cnn from {source} (verified in ONNX Runtime), import it everywhere")
         native = model.to(source)
         result = export(native, example_inputs=model.example_input(4))
-        print(f"  opset {result.opset}, batch axis {result.inputs[0].shape[0]!r}, "
-              f"export {result.seconds:.1f} s, worst error in ONNX Runtime "
-              f"{result.max_abs_error:.1e}")
+        print(
+            f"  opset {result.opset}, batch axis {result.inputs[0].shape[0]!r}, "
+            f"export {result.seconds:.1f} s, worst error in ONNX Runtime "
+            f"{result.max_abs_error:.1e}"
+        )
         expected = xdevice.backend(source).to_numpy(native(x))
         for name in xdevice.backends():
             imported = from_onnx(result.model, backend=name)
@@ -107,7 +114,7 @@ def aligned_arange(n: int):
 
     raw = np.zeros(n * 4 + 64, dtype=np.uint8)
     start = (-raw.ctypes.data) % 64
-    out = raw[start:start + n * 4].view(np.float32)
+    out = raw[start : start + n * 4].view(np.float32)
     out[:] = np.arange(n)
     return out
 

@@ -53,8 +53,9 @@ def roundtrip(folder: Path, backend: str) -> int:
 
     print(f"3. fine-tuned on {backend} with xdevice.fit")
     history = xdevice.fit(model, (x, y), optimizer="adam", lr=0.01, epochs=6, batch_size=64, verbose=0)
-    print(f"  loss {history.epochs[0]['loss']:.3f} -> {history.last('loss'):.3f}, "
-          f"accuracy {history.last('accuracy'):.2f}")
+    print(
+        f"  loss {history.epochs[0]['loss']:.3f} -> {history.last('loss'):.3f}, accuracy {history.last('accuracy'):.2f}"
+    )
     tuned = xdevice.backend(backend).ops.to_numpy(model(x))
 
     print(f"4. exported again from {backend}")

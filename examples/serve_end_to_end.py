@@ -32,8 +32,10 @@ def train(backend: str):
     x = model.example_input(128, seed=1)
     labels = np.random.default_rng(0).integers(0, 10, size=128)  # memorise random labels: the loss must fall
     history = xdevice.fit(model, (x, labels), optimizer="adam", lr=1e-3, epochs=8, batch_size=32, verbose=0)
-    print(f"  loss {history.epochs[0]['loss']:.3f} -> {history.last('loss'):.3f} in {len(history.steps)} steps, "
-          f"accuracy {history.last('accuracy'):.2f}")
+    print(
+        f"  loss {history.epochs[0]['loss']:.3f} -> {history.last('loss'):.3f} in {len(history.steps)} steps, "
+        f"accuracy {history.last('accuracy'):.2f}"
+    )
     return model
 
 
@@ -47,7 +49,7 @@ def main() -> int:
 
     print("2. parity: the trained weights on every backend against the numpy float64 reference")
     report = xdevice.parity(model, grads=False)
-    for subject, name, count, worst_abs, _, ok in report.summary():
+    for _subject, name, _count, worst_abs, _, ok in report.summary():
         print(f"  {name:<10} max abs error {worst_abs:.1e} {'ok' if ok else 'MISMATCH'}")
 
     with tempfile.TemporaryDirectory(prefix="xdevice-repo-") as folder:  # removed afterwards
@@ -61,7 +63,8 @@ def serve(model, report, repo: Path, backend: str) -> int:
     result = export(model, repo / "cnn" / "1" / "model.onnx")
     print(f"  opset {result.opset}, verified in ONNX Runtime: max abs error {result.max_abs_error:.1e}")
     (repo / "cnn" / "config.pbtxt").write_text(
-        "max_batch_size: 64\ndynamic_batching { max_queue_delay_microseconds: 1000 }\n")
+        "max_batch_size: 64\ndynamic_batching { max_queue_delay_microseconds: 1000 }\n"
+    )
 
     with ServerProcess(repo) as server:  # runs `python -m xdevice serve REPO --port P`, waits until ready
         print(f"4. {' '.join(server.command[2:])}: ready")

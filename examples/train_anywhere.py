@@ -33,7 +33,7 @@ def dataset(rows: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
     x = rng.normal(size=(rows, 3, 32, 32)).astype(np.float32)
     for row, quadrant in enumerate(rng.integers(0, 4, size=rows)):
         top, left = 16 * (quadrant // 2), 16 * (quadrant % 2)
-        x[row, :, top:top + 16, left:left + 16] += 0.2
+        x[row, :, top : top + 16, left : left + 16] += 0.2
     quadrants = x.reshape(rows, 3, 2, 16, 2, 16).mean(axis=(1, 3, 5)).reshape(rows, 4)
     return x, quadrants.argmax(axis=1)
 
@@ -49,11 +49,22 @@ def main() -> int:
 
     print(f"1. train the zoo cnn on {args.backend}: {len(train[0])} rows, {args.epochs} epochs")
     model = models.build("cnn", backend=args.backend, classes=4, seed=0)
-    history = xdevice.fit(model, train, loss="cross_entropy", optimizer="adam", lr=1e-3, epochs=args.epochs,
-                          batch_size=32, validation=held_out, verbose=1)
+    history = xdevice.fit(
+        model,
+        train,
+        loss="cross_entropy",
+        optimizer="adam",
+        lr=1e-3,
+        epochs=args.epochs,
+        batch_size=32,
+        validation=held_out,
+        verbose=1,
+    )
     first, last = history.epochs[0]["loss"], history.epochs[-1]["loss"]
-    print(f"  loss {first:.3f} -> {last:.3f} (first step {history.steps[0]:.3f}); "
-          f"held-out accuracy {history.last('val_accuracy'):.0%}")
+    print(
+        f"  loss {first:.3f} -> {last:.3f} (first step {history.steps[0]:.3f}); "
+        f"held-out accuracy {history.last('val_accuracy'):.0%}"
+    )
 
     with tempfile.TemporaryDirectory(prefix="xdevice-train-") as folder:
         path = Path(folder) / "cnn.onnx"

@@ -50,44 +50,71 @@ def main() -> int:
     model = models.build("mlp", backend=args.backend, **spec)
 
     print(f"1. memory for one step of the mlp at batch {args.batch_size}, AdamW, {args.precision}, on {args.backend}:")
-    estimate = xdevice.estimate_memory("mlp", batch=args.batch_size, optimizer="adamw", precision=args.precision,
-                                       backend=args.backend, **spec)
+    estimate = xdevice.estimate_memory(
+        "mlp", batch=args.batch_size, optimizer="adamw", precision=args.precision, backend=args.backend, **spec
+    )
     measured = f", measured {estimate.measured['total'] / 2**20:.1f} MiB" if estimate.measured else ""
-    print(f"  arithmetic {estimate.total / 2**20:.1f} MiB{measured}; "
-          f"{'fits' if estimate.fits else 'does not fit'} {estimate.available_from}")
+    print(
+        f"  arithmetic {estimate.total / 2**20:.1f} MiB{measured}; "
+        f"{'fits' if estimate.fits else 'does not fit'} {estimate.available_from}"
+    )
 
     steps_per_epoch = -(-len(train[0]) // (args.batch_size * args.accumulate))
     total = steps_per_epoch * args.epochs
     with tempfile.TemporaryDirectory(prefix="xdevice-recipe-") as scratch:
         folder = Path(args.logdir or scratch)
-        print(f"2. train: AdamW, cosine from 3e-3 over {total} steps after {steps_per_epoch} of warmup, "
-              f"clip_norm=1, accumulate={args.accumulate}, {args.precision}; logs in {folder}")
-        trainer = Trainer(model, optimizer="adamw", lr=cosine(3e-3, total_steps=total, warmup_steps=steps_per_epoch),
-                          weight_decay=0.01, precision=args.precision, clip_norm=1.0, accumulate=args.accumulate)
+        print(
+            f"2. train: AdamW, cosine from 3e-3 over {total} steps after {steps_per_epoch} of warmup, "
+            f"clip_norm=1, accumulate={args.accumulate}, {args.precision}; logs in {folder}"
+        )
+        trainer = Trainer(
+            model,
+            optimizer="adamw",
+            lr=cosine(3e-3, total_steps=total, warmup_steps=steps_per_epoch),
+            weight_decay=0.01,
+            precision=args.precision,
+            clip_norm=1.0,
+            accumulate=args.accumulate,
+        )
         stop = EarlyStopping("val_loss", patience=2, min_delta=2e-3)
         best = BestCheckpoint(str(folder / "best"), monitor="val_accuracy", mode="max")
-        history = trainer.fit(train, epochs=args.epochs, batch_size=args.batch_size, validation=held_out,
-                              checkpoint_dir=str(folder / "last"),
-                              callbacks=[stop, best, CSVLogger(str(folder / "epochs.csv")),
-                                         TensorBoard(str(folder / "tensorboard"))])
+        history = trainer.fit(
+            train,
+            epochs=args.epochs,
+            batch_size=args.batch_size,
+            validation=held_out,
+            checkpoint_dir=str(folder / "last"),
+            callbacks=[stop, best, CSVLogger(str(folder / "epochs.csv")), TensorBoard(str(folder / "tensorboard"))],
+        )
         ran = len(history.epochs)
-        stopped = f"early stopping ended it after epoch {stop.stopped_epoch}" if stop.stopped_epoch else \
-            "it ran every epoch"
+        stopped = (
+            f"early stopping ended it after epoch {stop.stopped_epoch}" if stop.stopped_epoch else "it ran every epoch"
+        )
         skipped = sum(history["skipped_steps"]) if args.precision == "float16" else None
-        print(f"  {ran} epochs, {trainer.step_count} optimizer steps; {stopped}; "
-              f"val accuracy {history['val_accuracy'][0]:.0%} -> {history.last('val_accuracy'):.0%}"
-              + (f"; {skipped} float16 step(s) skipped" if skipped is not None else ""))
+        print(
+            f"  {ran} epochs, {trainer.step_count} optimizer steps; {stopped}; "
+            f"val accuracy {history['val_accuracy'][0]:.0%} -> {history.last('val_accuracy'):.0%}"
+            + (f"; {skipped} float16 step(s) skipped" if skipped is not None else "")
+        )
 
         print(f"3. load the best checkpoint (epoch {best.best_epoch}) into a fresh model")
-        fresh = Trainer(models.build("mlp", backend=args.backend, **{**spec, "seed": 1}), optimizer="adamw",
-                        lr=cosine(3e-3, total_steps=total, warmup_steps=steps_per_epoch), weight_decay=0.01,
-                        precision=args.precision, clip_norm=1.0, accumulate=args.accumulate).load(str(folder / "best"))
+        fresh = Trainer(
+            models.build("mlp", backend=args.backend, **{**spec, "seed": 1}),
+            optimizer="adamw",
+            lr=cosine(3e-3, total_steps=total, warmup_steps=steps_per_epoch),
+            weight_decay=0.01,
+            precision=args.precision,
+            clip_norm=1.0,
+            accumulate=args.accumulate,
+        ).load(str(folder / "best"))
         scored = fresh.evaluate(held_out)["accuracy"]
         recorded = history["val_accuracy"][best.best_epoch - 1]
         print(f"  held-out accuracy {scored:.1%} (the run recorded {recorded:.1%} for that epoch)")
         logs = sorted(p.name for p in (folder / "tensorboard").iterdir())
-        print(f"  TensorBoard event files: {len(logs)}; epochs.csv rows: "
-              f"{len((folder / 'epochs.csv').read_text().splitlines()) - 1}")
+        print(
+            f"  TensorBoard event files: {len(logs)}; epochs.csv rows: "
+            f"{len((folder / 'epochs.csv').read_text().splitlines()) - 1}"
+        )
         if abs(scored - recorded) > 1e-6 or history.last("val_accuracy") < 0.5:
             print("  unexpected: the checkpoint does not score what was recorded, or the model did not learn")
             return 1

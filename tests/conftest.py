@@ -16,7 +16,8 @@ def run_python():
 
     def run(code: str, env: dict[str, str] | None = None, timeout: int = 300):
         merged = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", **(env or {})}
-        return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True,
-                              text=True, env=merged, timeout=timeout)
+        return subprocess.run(
+            [sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, env=merged, timeout=timeout
+        )
 
     return run

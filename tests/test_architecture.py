@@ -28,10 +28,20 @@ def lint(tmp_path: Path, extra: dict[str, str] | None = None) -> subprocess.Comp
     for path, line in (extra or {}).items():
         with open(package / path, "a", encoding="utf-8") as source:
             source.write(f"\n{line}\n")
-    command = [str(Path(sys.executable).with_name("lint-imports")), "--config", str(ROOT / "pyproject.toml"),
-               "--no-cache"]
-    return subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=120,
-                          env={**os.environ, "PYTHONPATH": str(tmp_path)})
+    command = [
+        str(Path(sys.executable).with_name("lint-imports")),
+        "--config",
+        str(ROOT / "pyproject.toml"),
+        "--no-cache",
+    ]
+    return subprocess.run(
+        command,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": str(tmp_path)},
+    )
 
 
 def test_the_layer_contracts_are_kept(tmp_path):
@@ -40,13 +50,19 @@ def test_the_layer_contracts_are_kept(tmp_path):
     assert "2 kept, 0 broken" in result.stdout
 
 
-@pytest.mark.parametrize("path, line, broken", [
-    ("_tensors.py", "import torch", "xdevice._tensors is not allowed to import torch"),
-    ("converters/formats.py", "import jax", "xdevice.converters.formats is not allowed to import jax"),
-    ("backends/torch/__init__.py", "import torch", "xdevice.backends.torch is not allowed to import torch"),
-    ("backends/jax/replication.py", "import xdevice.training.trainer", "xdevice.backends.jax.replication -> "
-                                                                        "xdevice.training.trainer"),
-])
+@pytest.mark.parametrize(
+    "path, line, broken",
+    [
+        ("_tensors.py", "import torch", "xdevice._tensors is not allowed to import torch"),
+        ("converters/formats.py", "import jax", "xdevice.converters.formats is not allowed to import jax"),
+        ("backends/torch/__init__.py", "import torch", "xdevice.backends.torch is not allowed to import torch"),
+        (
+            "backends/jax/replication.py",
+            "import xdevice.training.trainer",
+            "xdevice.backends.jax.replication -> xdevice.training.trainer",
+        ),
+    ],
+)
 def test_a_forbidden_import_breaks_the_build(tmp_path, path, line, broken):
     result = lint(tmp_path, {path: line})
     assert result.returncode != 0 and "1 broken" in result.stdout
@@ -55,11 +71,18 @@ def test_a_forbidden_import_breaks_the_build(tmp_path, path, line, broken):
 
 def test_loading_any_backend_loads_no_training_module_and_joins_nothing(run_python):
     """Even in a process xdevice launch started: joining is explicit (xdevice.join_processes)."""
-    launched = {"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "9",
-                "XDEVICE_COORDINATOR": "127.0.0.1:10",
-                "TF_CONFIG": json.dumps({"cluster": {"worker": ["127.0.0.1:11", "127.0.0.1:12"]},
-                                         "task": {"type": "worker", "index": 0}})}
-    result = run_python("""
+    launched = {
+        "RANK": "0",
+        "WORLD_SIZE": "2",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": "9",
+        "XDEVICE_COORDINATOR": "127.0.0.1:10",
+        "TF_CONFIG": json.dumps(
+            {"cluster": {"worker": ["127.0.0.1:11", "127.0.0.1:12"]}, "task": {"type": "worker", "index": 0}}
+        ),
+    }
+    result = run_python(
+        """
         import json, sys
         import xdevice
         for name in xdevice.backends():
@@ -70,7 +93,10 @@ def test_loading_any_backend_loads_no_training_module_and_joins_nothing(run_pyth
             import jax
             joined.append(jax.distributed.is_initialized())
         print(json.dumps([training, joined]))
-    """, env=launched, timeout=300)
+    """,
+        env=launched,
+        timeout=300,
+    )
     assert result.returncode == 0, result.stderr[-2000:]
     training, joined = json.loads(result.stdout)
     assert training == [] and not any(joined)

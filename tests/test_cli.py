@@ -23,7 +23,7 @@ def test_devices_json_lists_the_cpu_and_who_sees_it():
 def test_devices_table_has_one_column_per_framework():
     result = _run("devices")
     header = result.stdout.splitlines()[0].split()
-    assert header[:2] == ["DEVICE", "NAME"] and header[-len(xdevice.backends()):] == xdevice.backends()
+    assert header[:2] == ["DEVICE", "NAME"] and header[-len(xdevice.backends()) :] == xdevice.backends()
     assert result.stdout.splitlines()[1].startswith("cpu:0")
 
 
@@ -60,9 +60,13 @@ def test_the_frameworks_start_up_chatter_is_hidden_unless_verbose():
     """TensorFlow's C++ logs (oneDNN, CPU feature notes) and absl's warnings before the table."""
     quiet = _run("devices")
     assert quiet.returncode == 0 and quiet.stderr.strip() == "", quiet.stderr
-    loud = subprocess.run([sys.executable, "-m", "xdevice", "--verbose", "devices"], capture_output=True, text=True,
-                          timeout=300, env={k: v for k, v in __import__("os").environ.items()
-                                            if k != "TF_CPP_MIN_LOG_LEVEL"})
+    loud = subprocess.run(
+        [sys.executable, "-m", "xdevice", "--verbose", "devices"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={k: v for k, v in __import__("os").environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"},
+    )
     assert loud.returncode == 0 and loud.stdout.splitlines()[0].split()[:2] == ["DEVICE", "NAME"]
 
 

@@ -31,10 +31,13 @@ def test_cpu_devices_take_effect_in_a_fresh_process(backend, run_python):
         assert out == {"how": "advisory", "cpus": ["cpu:0"]}
 
 
-@pytest.mark.parametrize("name, start", [
-    ("jax", "import jax.numpy as jnp; jnp.ones(1).block_until_ready()"),
-    ("tensorflow", "import tensorflow as tf; tf.ones(1)"),
-])
+@pytest.mark.parametrize(
+    "name, start",
+    [
+        ("jax", "import jax.numpy as jnp; jnp.ones(1).block_until_ready()"),
+        ("tensorflow", "import tensorflow as tf; tf.ones(1)"),
+    ],
+)
 def test_configuring_after_the_runtime_started_names_the_framework_and_the_fix(name, start, run_python):
     if name not in xdevice.backends():
         pytest.skip(f"{name} is not installed")
@@ -76,18 +79,24 @@ def test_a_global_configure_reports_every_backend(run_python):
         assert all(how == "skipped" for b, s, how in rows if s.startswith("memory") and b != "numpy")
 
 
-@pytest.mark.parametrize("settings, fragment", [
-    (dict(memory_limit=-5), "memory_limit must be positive"),
-    (dict(memory_limit=0.5), "must be a number of bytes"),
-    (dict(memory_limit="lots"), "memory_limit is not a size"),
-    (dict(memory_limit="4 GiBs"), r"unknown unit 'gibs'.*Fix: write e.g. memory_limit='4GiB'"),
-    (dict(memory_limit="-1GB"), r"memory_limit must be positive\. Expected more than 0 bytes\. Received: '-1GB'\. Fix"),
-    (dict(memory_limit="1e400GB"), "memory_limit is larger than any machine's memory"),
-    (dict(memory_growth="yes"), "memory_growth must be True or False"),
-    (dict(cpu_devices=0), "cpu_devices is the number of virtual CPU devices"),
-    (dict(cpu_devices="4"), "cpu_devices is the number of virtual CPU devices"),
-    (dict(visible=["cpu:0"]), "CPUs are always visible"),
-])
+@pytest.mark.parametrize(
+    "settings, fragment",
+    [
+        (dict(memory_limit=-5), "memory_limit must be positive"),
+        (dict(memory_limit=0.5), "must be a number of bytes"),
+        (dict(memory_limit="lots"), "memory_limit is not a size"),
+        (dict(memory_limit="4 GiBs"), r"unknown unit 'gibs'.*Fix: write e.g. memory_limit='4GiB'"),
+        (
+            dict(memory_limit="-1GB"),
+            r"memory_limit must be positive\. Expected more than 0 bytes\. Received: '-1GB'\. Fix",
+        ),
+        (dict(memory_limit="1e400GB"), "memory_limit is larger than any machine's memory"),
+        (dict(memory_growth="yes"), "memory_growth must be True or False"),
+        (dict(cpu_devices=0), "cpu_devices is the number of virtual CPU devices"),
+        (dict(cpu_devices="4"), "cpu_devices is the number of virtual CPU devices"),
+        (dict(visible=["cpu:0"]), "CPUs are always visible"),
+    ],
+)
 def test_nonsense_settings_are_refused_before_anything_is_applied(settings, fragment):
     with pytest.raises(ConfigurationError, match=fragment):
         xdevice.configure(**settings, backends=["numpy"])

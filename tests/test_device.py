@@ -6,14 +6,27 @@ import xdevice
 from xdevice import Device, DeviceNotFound
 
 
-@pytest.mark.parametrize("spelling, canonical", [
-    ("cpu", "cpu:0"), ("CPU:0", "cpu:0"), ("gpu", "gpu:0"), ("gpu:1", "gpu:1"),
-    ("cuda", "gpu:0"), ("cuda:1", "gpu:1"), ("/GPU:1", "gpu:1"), ("/gpu:1", "gpu:1"),
-    ("GPU:3", "gpu:3"), ("/device:GPU:1", "gpu:1"), ("/physical_device:GPU:1", "gpu:1"),
-    ("/job:localhost/replica:0/task:0/device:GPU:1", "gpu:1"),
-    ("/job:worker/replica:0/task:3/device:CPU:0", "cpu:0"), ("mps", "gpu:0"), ("tpu:2", "tpu:2"),
-    (" cuda:2 ", "gpu:2"),
-])
+@pytest.mark.parametrize(
+    "spelling, canonical",
+    [
+        ("cpu", "cpu:0"),
+        ("CPU:0", "cpu:0"),
+        ("gpu", "gpu:0"),
+        ("gpu:1", "gpu:1"),
+        ("cuda", "gpu:0"),
+        ("cuda:1", "gpu:1"),
+        ("/GPU:1", "gpu:1"),
+        ("/gpu:1", "gpu:1"),
+        ("GPU:3", "gpu:3"),
+        ("/device:GPU:1", "gpu:1"),
+        ("/physical_device:GPU:1", "gpu:1"),
+        ("/job:localhost/replica:0/task:0/device:GPU:1", "gpu:1"),
+        ("/job:worker/replica:0/task:3/device:CPU:0", "cpu:0"),
+        ("mps", "gpu:0"),
+        ("tpu:2", "tpu:2"),
+        (" cuda:2 ", "gpu:2"),
+    ],
+)
 def test_every_spelling_parses_to_the_canonical_name(spelling, canonical):
     assert str(xdevice.device(spelling)) == canonical
 

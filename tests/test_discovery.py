@@ -59,10 +59,19 @@ def test_an_unknown_kind_filter_is_refused():
         xdevice.devices(kind="gpus")
 
 
-@pytest.mark.parametrize("env, expected", [
-    (None, [0, 1, 2]), ("", []), ("2,0", [2, 0]), ("GPU-b", [1]), ("1,9,0", [1]),
-    ("0,0", [0]), ("GPU-", []), ("-1", []),
-])
+@pytest.mark.parametrize(
+    "env, expected",
+    [
+        (None, [0, 1, 2]),
+        ("", []),
+        ("2,0", [2, 0]),
+        ("GPU-b", [1]),
+        ("1,9,0", [1]),
+        ("0,0", [0]),
+        ("GPU-", []),
+        ("-1", []),
+    ],
+)
 def test_cuda_visible_devices_is_read_the_way_cuda_reads_it(env, expected, monkeypatch):
     if env is None:
         monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)

@@ -19,8 +19,9 @@ def test_one_onnxruntime_package_is_fine():
 
 def test_cuda_listed_but_running_on_cpu_is_a_problem():
     listed = ["CUDAExecutionProvider", "CPUExecutionProvider"]
-    findings = provider_findings(listed, {"CUDAExecutionProvider": ["CPUExecutionProvider"],
-                                          "CPUExecutionProvider": ["CPUExecutionProvider"]})
+    findings = provider_findings(
+        listed, {"CUDAExecutionProvider": ["CPUExecutionProvider"], "CPUExecutionProvider": ["CPUExecutionProvider"]}
+    )
     cuda = [f for f in findings if "CUDAExecutionProvider" in f.text]
     assert len(cuda) == 1 and not cuda[0].ok and "did not load" in cuda[0].text and cuda[0].fix
 
@@ -46,8 +47,9 @@ def test_no_gpu_at_all_is_healthy():
 
 
 def test_the_doctor_command_checks_this_machine():
-    result = subprocess.run([sys.executable, "-m", "xdevice", "doctor", "--json"],
-                            capture_output=True, text=True, timeout=300)
+    result = subprocess.run(
+        [sys.executable, "-m", "xdevice", "doctor", "--json"], capture_output=True, text=True, timeout=300
+    )
     report = json.loads(result.stdout)
     assert result.returncode == (0 if report["healthy"] else 1)
     texts = [f["text"] for f in report["findings"]]

@@ -15,7 +15,7 @@ import pytest
 
 pytest.importorskip("hypothesis")  # the test extra; a bare GPU image may lack it
 
-from xdevice.testing.pytest_plugin import selected_backends  # noqa: E402  (after the skip)
+from xdevice.testing.pytest_plugin import selected_backends
 
 PROPERTY = textwrap.dedent("""
     import sys
@@ -55,14 +55,16 @@ PROPERTY = textwrap.dedent("""
 
 
 def _run(backends: list[str], examples: int) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", PROPERTY, ",".join(backends), str(examples)],
-                          capture_output=True, text=True, timeout=600)
+    return subprocess.run(
+        [sys.executable, "-c", PROPERTY, ",".join(backends), str(examples)], capture_output=True, text=True, timeout=600
+    )
 
 
 def test_every_view_of_numpy_data_hands_off_between_every_pair_of_frameworks():
     done = _run(selected_backends(), 300)
     assert done.returncode == 0 and done.stdout.strip().endswith("ok"), (
-        f"exit {done.returncode}\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
+        f"exit {done.returncode}\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    )
 
 
 @pytest.mark.skipif("tensorflow" not in selected_backends(), reason="TensorFlow is not installed")

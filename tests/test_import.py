@@ -55,11 +55,12 @@ def test_a_source_checkout_imports_with_nothing_installed():
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[1]
-    code = ("import sys, importlib.util; sys.path.insert(0, sys.argv[1]); import xdevice, xdevice.backends.base; "
-            "print(xdevice.backends.__file__, importlib.util.find_spec('xdevice.converters').origin); "
-            "print([n for n in ('tests', 'examples', 'benchmarks') if importlib.util.find_spec('xdevice.' + n)])")
-    done = subprocess.run([sys.executable, "-S", "-c", code, str(root)], capture_output=True, text=True,
-                          timeout=60)
+    code = (
+        "import sys, importlib.util; sys.path.insert(0, sys.argv[1]); import xdevice, xdevice.backends.base; "
+        "print(xdevice.backends.__file__, importlib.util.find_spec('xdevice.converters').origin); "
+        "print([n for n in ('tests', 'examples', 'benchmarks') if importlib.util.find_spec('xdevice.' + n)])"
+    )
+    done = subprocess.run([sys.executable, "-S", "-c", code, str(root)], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     found, others = done.stdout.strip().splitlines()
     backends, converters = found.split()

@@ -17,14 +17,16 @@ from xdevice.testing import TOLERANCES, assert_parity
 def test_a_report_has_one_row_per_backend_and_tensor(backend):
     report = xdevice.parity("mlp", backends=[backend.name], grads=True)
     assert {row.tensor for row in report} == {"output", "loss"} | {
-        f"grad {k}" for k in xdevice.models.build("mlp").trainable}
+        f"grad {k}" for k in xdevice.models.build("mlp").trainable
+    }
     assert all(row.backend == backend.name for row in report)
 
 
 def test_assert_parity_passes_for_a_function_written_once(backend):
     x = np.random.default_rng(0).normal(size=(4, 6))
-    report = assert_parity(lambda ops, x: {"softmax": ops.softmax(x), "norm": ops.layer_norm(x, None, None)},
-                           [x], backends=[backend.name])
+    report = assert_parity(
+        lambda ops, x: {"softmax": ops.softmax(x), "norm": ops.layer_norm(x, None, None)}, [x], backends=[backend.name]
+    )
     assert report.ok and {row.tensor for row in report} == {"softmax", "norm"}
 
 
@@ -50,8 +52,9 @@ def test_the_tolerance_table_covers_the_half_precision_dtypes():
 
 
 def _cli(*args):
-    return subprocess.run([sys.executable, "-m", "xdevice", "parity", *args], capture_output=True, text=True,
-                          timeout=600)
+    return subprocess.run(
+        [sys.executable, "-m", "xdevice", "parity", *args], capture_output=True, text=True, timeout=600
+    )
 
 
 def test_the_parity_command_prints_json_and_exits_0_when_all_agree():

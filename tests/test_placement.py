@@ -8,7 +8,6 @@ import pytest
 import xdevice
 from xdevice import DeviceFallbackWarning, DeviceNotFound
 
-
 # These tests watch one backend; on() also moves every other loaded framework, and those
 # with a single CPU (torch) fall back with a warning that is not what is being tested.
 others_fall_back = pytest.mark.filterwarnings("ignore::xdevice.DeviceFallbackWarning")

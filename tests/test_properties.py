@@ -14,17 +14,32 @@ import pytest
 
 pytest.importorskip("hypothesis")  # the test extra; a bare GPU image may lack it
 
-from hypothesis import HealthCheck, given, settings  # noqa: E402
-from hypothesis import strategies as st  # noqa: E402
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
-import xdevice  # noqa: E402
-from xdevice import ConfigurationError, DeviceNotFound  # noqa: E402
-from xdevice._types import parse_bytes  # noqa: E402
+import xdevice
+from xdevice import ConfigurationError, DeviceNotFound
+from xdevice._types import parse_bytes
 
-KINDS = {"cpu": "cpu", "gpu": "gpu", "cuda": "gpu", "rocm": "gpu", "hip": "gpu", "mps": "gpu", "metal": "gpu",
-         "tpu": "tpu"}
-SPELLINGS = ["{kind}:{n}", "{KIND}:{n}", "/{KIND}:{n}", "/device:{KIND}:{n}", "/physical_device:{KIND}:{n}",
-             "/job:localhost/replica:0/task:0/device:{KIND}:{n}", "{kind}_{n}"]
+KINDS = {
+    "cpu": "cpu",
+    "gpu": "gpu",
+    "cuda": "gpu",
+    "rocm": "gpu",
+    "hip": "gpu",
+    "mps": "gpu",
+    "metal": "gpu",
+    "tpu": "tpu",
+}
+SPELLINGS = [
+    "{kind}:{n}",
+    "{KIND}:{n}",
+    "/{KIND}:{n}",
+    "/device:{KIND}:{n}",
+    "/physical_device:{KIND}:{n}",
+    "/job:localhost/replica:0/task:0/device:{KIND}:{n}",
+    "{kind}_{n}",
+]
 
 
 @given(kind=st.sampled_from(sorted(KINDS)), index=st.integers(0, 4096), spelling=st.sampled_from(SPELLINGS))
@@ -44,19 +59,41 @@ def test_any_text_as_a_device_is_a_device_or_a_device_not_found(text):
         assert parsed.kind in ("cpu", "gpu", "tpu") and parsed.index >= 0
 
 
-UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
-         "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+UNITS = {
+    "": 1,
+    "b": 1,
+    "kb": 10**3,
+    "mb": 10**6,
+    "gb": 10**9,
+    "tb": 10**12,
+    "kib": 2**10,
+    "mib": 2**20,
+    "gib": 2**30,
+    "tib": 2**40,
+}
 
 
-@given(number=st.integers(1, 10**6), unit=st.sampled_from(sorted(UNITS)), upper=st.booleans(),
-       space=st.sampled_from(["", " "]))
+@given(
+    number=st.integers(1, 10**6),
+    unit=st.sampled_from(sorted(UNITS)),
+    upper=st.booleans(),
+    space=st.sampled_from(["", " "]),
+)
 def test_a_memory_size_in_any_unit_parses_to_its_bytes(number, unit, upper, space):
     text = f"{number}{space}{unit.upper() if upper else unit}"
     assert parse_bytes(text) == number * UNITS[unit]
 
 
-@given(st.one_of(st.text(max_size=30), st.integers(-10**20, 10**20), st.floats(allow_nan=True), st.none(),
-                 st.booleans(), st.lists(st.integers(), max_size=3)))
+@given(
+    st.one_of(
+        st.text(max_size=30),
+        st.integers(-(10**20), 10**20),
+        st.floats(allow_nan=True),
+        st.none(),
+        st.booleans(),
+        st.lists(st.integers(), max_size=3),
+    )
+)
 def test_any_value_as_a_memory_size_is_bytes_or_a_configuration_error(value):
     try:
         found = parse_bytes(value)
@@ -66,9 +103,38 @@ def test_any_value_as_a_memory_size_is_bytes_or_a_configuration_error(value):
         assert isinstance(found, int) and 0 < found < 2**63
 
 
-WORDS = ["devices", "doctor", "parity", "export", "convert", "conformance", "serve", "launch", "--json",
-         "--machine", "--models", "mlp", "--backend", "torch", "jax", "--opset", "18", "99", "--to", "x.onnx",
-         "--dynamic-axis", "1=seq", "seq", "--port", "-1", "--batch", "0", "--", "--verbose", "--nproc-per-node"]
+WORDS = [
+    "devices",
+    "doctor",
+    "parity",
+    "export",
+    "convert",
+    "conformance",
+    "serve",
+    "launch",
+    "--json",
+    "--machine",
+    "--models",
+    "mlp",
+    "--backend",
+    "torch",
+    "jax",
+    "--opset",
+    "18",
+    "99",
+    "--to",
+    "x.onnx",
+    "--dynamic-axis",
+    "1=seq",
+    "seq",
+    "--port",
+    "-1",
+    "--batch",
+    "0",
+    "--",
+    "--verbose",
+    "--nproc-per-node",
+]
 
 
 @settings(max_examples=200)
@@ -89,22 +155,28 @@ def test_any_command_line_parses_or_is_a_usage_error(argv):
 
 # -- V2 request bodies against the real server ---------------------------------------------
 
-JSON_VALUES = st.recursive(st.one_of(st.none(), st.booleans(), st.integers(-2**40, 2**40), st.floats(allow_nan=False),
-                                     st.text(max_size=8)),
-                           lambda inner: st.one_of(st.lists(inner, max_size=4),
-                                                   st.dictionaries(st.text(max_size=8), inner, max_size=4)),
-                           max_leaves=12)
-TENSOR = st.fixed_dictionaries({
-    "name": st.sampled_from(["x", "y", "", "X"]),
-    "shape": st.one_of(st.lists(st.integers(-2, 6), max_size=3), JSON_VALUES),
-    "datatype": st.sampled_from(["FP32", "FP64", "INT64", "BYTES", "BOOL", "FP16", "fp32", "NOPE"]),
-    "data": st.one_of(st.lists(st.floats(-10, 10), max_size=12), JSON_VALUES),
-})
+JSON_VALUES = st.recursive(
+    st.one_of(st.none(), st.booleans(), st.integers(-(2**40), 2**40), st.floats(allow_nan=False), st.text(max_size=8)),
+    lambda inner: st.one_of(st.lists(inner, max_size=4), st.dictionaries(st.text(max_size=8), inner, max_size=4)),
+    max_leaves=12,
+)
+TENSOR = st.fixed_dictionaries(
+    {
+        "name": st.sampled_from(["x", "y", "", "X"]),
+        "shape": st.one_of(st.lists(st.integers(-2, 6), max_size=3), JSON_VALUES),
+        "datatype": st.sampled_from(["FP32", "FP64", "INT64", "BYTES", "BOOL", "FP16", "fp32", "NOPE"]),
+        "data": st.one_of(st.lists(st.floats(-10, 10), max_size=12), JSON_VALUES),
+    }
+)
 BODIES = st.one_of(
-    st.fixed_dictionaries({"inputs": st.lists(TENSOR, max_size=2)},
-                          optional={"outputs": st.lists(st.dictionaries(st.sampled_from(["name", "parameters"]),
-                                                                        JSON_VALUES), max_size=2),
-                                    "parameters": JSON_VALUES, "id": JSON_VALUES}).map(json.dumps),
+    st.fixed_dictionaries(
+        {"inputs": st.lists(TENSOR, max_size=2)},
+        optional={
+            "outputs": st.lists(st.dictionaries(st.sampled_from(["name", "parameters"]), JSON_VALUES), max_size=2),
+            "parameters": JSON_VALUES,
+            "id": JSON_VALUES,
+        },
+    ).map(json.dumps),
     JSON_VALUES.map(json.dumps),
     st.text(max_size=40),
 )
@@ -148,11 +220,15 @@ def test_any_json_body_gets_an_answer_or_a_4xx_and_the_server_keeps_serving(dens
 
 
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(header=BODIES, tail=st.binary(max_size=64),
-       length=st.one_of(st.integers(-5, 200), st.text(alphabet="0123456789-+ abc", max_size=4)))
+@given(
+    header=BODIES,
+    tail=st.binary(max_size=64),
+    length=st.one_of(st.integers(-5, 200), st.text(alphabet="0123456789-+ abc", max_size=4)),
+)
 def test_any_binary_body_gets_an_answer_or_a_4xx_and_the_server_keeps_serving(dense_server, header, tail, length):
     body = header.encode() + tail
-    status, answer = _post(dense_server, body, {"Content-Type": "application/octet-stream",
-                                                "Inference-Header-Content-Length": str(length)})
+    status, answer = _post(
+        dense_server, body, {"Content-Type": "application/octet-stream", "Inference-Header-Content-Length": str(length)}
+    )
     assert status == 200 or 400 <= status < 500, (status, body[:200], answer[:300])
     _answers_a_good_request(dense_server)

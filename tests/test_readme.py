@@ -21,13 +21,17 @@ FENCE = re.compile(r"^```(\w*)\n(.*?)^```$", re.S | re.M)
 
 def _blocks() -> list[tuple[int, str, str]]:
     text = README.read_text()
-    return [(text[:m.start()].count("\n") + 1, m.group(1), m.group(2)) for m in FENCE.finditer(text)]
+    return [(text[: m.start()].count("\n") + 1, m.group(1), m.group(2)) for m in FENCE.finditer(text)]
 
 
 PYTHON = [(line, code) for line, kind, code in _blocks() if kind == "python"]
-COMMANDS = [(line + 1 + i, cmd.split("#")[0].strip()[2:])
-            for line, kind, code in _blocks() if kind == ""
-            for i, cmd in enumerate(code.splitlines()) if cmd.startswith("$ xdevice") and "[" not in cmd]
+COMMANDS = [
+    (line + 1 + i, cmd.split("#")[0].strip()[2:])
+    for line, kind, code in _blocks()
+    if kind == ""
+    for i, cmd in enumerate(code.splitlines())
+    if cmd.startswith("$ xdevice") and "[" not in cmd
+]
 ENV = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "PYTHONWARNINGS": "ignore"}
 
 
@@ -51,8 +55,9 @@ def test_every_python_block_of_the_readme_runs_as_written(line, code, folder):
     needs = re.match(r"# needs: (\d+) gpus?", code)
     if needs and _gpus() < int(needs.group(1)):
         pytest.skip(f"README line {line} needs {needs.group(1)} GPU(s)")
-    done = subprocess.run([sys.executable, "-c", code], cwd=folder, capture_output=True, text=True,
-                          timeout=600, env=ENV)
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=folder, capture_output=True, text=True, timeout=600, env=ENV
+    )
     assert done.returncode == 0, f"README block at line {line} failed:\n{done.stderr[-3000:]}"
 
 
@@ -64,8 +69,9 @@ def test_every_command_of_the_readme_runs_as_written(line, command, folder):
     if args[0] == "serve":  # runs until stopped: it must become ready, then it is stopped (on a free port)
         _serves(line, args, folder)
         return
-    done = subprocess.run([sys.executable, "-m", "xdevice", *args], cwd=folder, capture_output=True,
-                          text=True, timeout=600, env=ENV)
+    done = subprocess.run(
+        [sys.executable, "-m", "xdevice", *args], cwd=folder, capture_output=True, text=True, timeout=600, env=ENV
+    )
     assert done.returncode == 0, f"README line {line} ({command}) failed:\n{done.stderr[-3000:]}"
 
 
@@ -77,8 +83,14 @@ def _serves(line: int, args: list[str], folder: Path) -> None:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    server = subprocess.Popen([sys.executable, "-m", "xdevice", *args, "--port", str(port), "--grpc-port", "0"],
-                              cwd=folder, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    server = subprocess.Popen(
+        [sys.executable, "-m", "xdevice", *args, "--port", str(port), "--grpc-port", "0"],
+        cwd=folder,
+        env=ENV,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline and server.poll() is None:

@@ -22,7 +22,7 @@ def test_backend_is_resolved_once_and_cached():
 
 
 def test_backends_stays_callable_after_a_backend_package_is_imported():
-    import xdevice.backends.numpy  # noqa: F401 - sets attribute xdevice.backends to the package
+    import xdevice.backends.numpy
 
     assert "numpy" in xdevice.backends()
 
@@ -40,8 +40,10 @@ def test_a_registered_backend_without_its_framework_gives_the_pip_line(tmp_path,
     dist.mkdir()
     (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: xdevice-plugin-demo\nVersion: 1.0\n")
     (dist / "entry_points.txt").write_text(
-        "[xdevice.backends]\nnosuchframework = xdevice.backends.numpy:NumpyBackend\n")
-    result = run_python(textwrap.dedent("""
+        "[xdevice.backends]\nnosuchframework = xdevice.backends.numpy:NumpyBackend\n"
+    )
+    result = run_python(
+        textwrap.dedent("""
         import json, xdevice
         out = {"installed": xdevice.backends(), "all": xdevice.backends(all=True)}
         try:
@@ -49,7 +51,9 @@ def test_a_registered_backend_without_its_framework_gives_the_pip_line(tmp_path,
         except xdevice.BackendUnavailable as error:
             out["error"] = str(error)
         print(json.dumps(out))
-    """), env={"PYTHONPATH": str(tmp_path)})
+    """),
+        env={"PYTHONPATH": str(tmp_path)},
+    )
     assert result.returncode == 0, result.stderr
     out = json.loads(result.stdout)
     assert "nosuchframework" in out["all"] and "nosuchframework" not in out["installed"]

@@ -15,7 +15,7 @@ def _aligned_numpy(n=256):
 
     raw = np.zeros(n * 4 + 64, dtype=np.uint8)
     start = (-raw.ctypes.data) % 64
-    out = raw[start:start + n * 4].view(np.float32)
+    out = raw[start : start + n * 4].view(np.float32)
     out[:] = np.arange(n, dtype=np.float32)
     return out
 

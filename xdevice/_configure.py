@@ -71,12 +71,15 @@ def configure(
         late = [b for b in targets if current_config(b.name) != config and b.runtime_started()]
         if late:
             titles = ", ".join(b.title for b in late)
-            raise ConfigurationError(message(
-                f"{titles} already started, so these settings can no longer take effect",
-                expected="configure() before the first computation on any device",
-                received=f"configure({_describe(config)}) after {titles} started",
-                fix="call xdevice.configure(...) at the top of your program, right after "
-                    "the imports, or leave the started framework out with backends=[...]"))
+            raise ConfigurationError(
+                message(
+                    f"{titles} already started, so these settings can no longer take effect",
+                    expected="configure() before the first computation on any device",
+                    received=f"configure({_describe(config)}) after {titles} started",
+                    fix="call xdevice.configure(...) at the top of your program, right after "
+                    "the imports, or leave the started framework out with backends=[...]",
+                )
+            )
         report = ConfigReport()
         if config.visible is not None:
             report += _set_visible(config, names)
@@ -105,25 +108,36 @@ def _set_visible(config: Config, names: list[str]) -> list[Applied]:
     order = visible_gpu_indices([uuid for uuid, _ in physical])  # what is visible now
     missing = [str(d) for d in config.visible if d.index >= len(order)]
     if missing:
-        raise DeviceNotFound(message(
-            "visible names GPUs that do not exist", expected="GPUs listed by xdevice.devices('gpu')",
-            received=missing, choices=[f"gpu:{i}" for i in range(len(order))],
-            fix="drop them, or check `xdevice devices`"))
+        raise DeviceNotFound(
+            message(
+                "visible names GPUs that do not exist",
+                expected="GPUs listed by xdevice.devices('gpu')",
+                received=missing,
+                choices=[f"gpu:{i}" for i in range(len(order))],
+                fix="drop them, or check `xdevice devices`",
+            )
+        )
     indices = ",".join(str(order[d.index]) for d in config.visible)
     os.environ["CUDA_VISIBLE_DEVICES"] = indices
     os.environ["HIP_VISIBLE_DEVICES"] = indices
-    return [Applied(name, "visible", config.visible, "applied",
-                    f"CUDA_VISIBLE_DEVICES={indices}, read when CUDA starts") for name in names]
+    return [
+        Applied(name, "visible", config.visible, "applied", f"CUDA_VISIBLE_DEVICES={indices}, read when CUDA starts")
+        for name in names
+    ]
 
 
 def _refuse_unsupported(entries: list[Applied]) -> None:
     refused = [e for e in entries if e.how == "unsupported"]
     if refused:
         first = refused[0]
-        raise ConfigurationError(message(
-            f"Backend {first.backend!r} cannot apply {first.setting}={shown(first.value, first.setting)}",
-            expected="settings this backend supports", received=first.detail,
-            fix=f"leave {first.backend!r} out of backends=[...] or drop {first.setting}"))
+        raise ConfigurationError(
+            message(
+                f"Backend {first.backend!r} cannot apply {first.setting}={shown(first.value, first.setting)}",
+                expected="settings this backend supports",
+                received=first.detail,
+                fix=f"leave {first.backend!r} out of backends=[...] or drop {first.setting}",
+            )
+        )
 
 
 def _describe(config: Config) -> str:

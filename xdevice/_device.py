@@ -76,21 +76,24 @@ class Device:
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
             raise DeviceNotFound(
-                message("Unknown device kind", expected="one of " + ", ".join(KINDS),
-                        received=self.kind, choices=KINDS)
+                message("Unknown device kind", expected="one of " + ", ".join(KINDS), received=self.kind, choices=KINDS)
             )
         if not isinstance(self.index, int) or isinstance(self.index, bool) or self.index < 0:
             raise DeviceNotFound(
-                message("A device index must be a whole number from 0",
-                        received=self.index, fix=f"use e.g. '{self.kind}:0'")
+                message(
+                    "A device index must be a whole number from 0", received=self.index, fix=f"use e.g. '{self.kind}:0'"
+                )
             )
 
     def __str__(self) -> str:
         return f"{self.kind}:{self.index}"
 
     def __repr__(self) -> str:
-        facts = [f"{f.name}={getattr(self, f.name)!r}"
-                 for f in dataclasses.fields(self)[2:] if getattr(self, f.name) not in ("", None, ())]
+        facts = [
+            f"{f.name}={getattr(self, f.name)!r}"
+            for f in dataclasses.fields(self)[2:]
+            if getattr(self, f.name) not in ("", None, ())
+        ]
         return f"Device({str(self)!r}{''.join(', ' + f for f in facts)})"
 
     def __eq__(self, other: object) -> bool:
@@ -134,10 +137,12 @@ def device(spec: Any) -> Device:
     if found is not None and found[1] == "device":
         return found[0].device_from_native(spec)
     raise DeviceNotFound(
-        message("Cannot read a device from this value",
-                expected=f"a device name like {_EXAMPLES}, or a torch/JAX/TensorFlow device object",
-                received=f"{type(spec).__name__}: {spec!r}",
-                fix="pass e.g. 'gpu:0' (an int is not accepted: write 'gpu:N')")
+        message(
+            "Cannot read a device from this value",
+            expected=f"a device name like {_EXAMPLES}, or a torch/JAX/TensorFlow device object",
+            received=f"{type(spec).__name__}: {spec!r}",
+            fix="pass e.g. 'gpu:0' (an int is not accepted: write 'gpu:N')",
+        )
     )
 
 
@@ -146,9 +151,13 @@ def _parse_name(text: str) -> Device:
     match = _NAME.match(text.strip().lower())
     if match is None or match["kind"] not in _ALIASES:
         raise DeviceNotFound(
-            message("Not a device name", expected=f"a name like {_EXAMPLES}", received=text,
-                    choices=[f"{kind}:0" for kind in KINDS],
-                    fix="use 'kind:index' with kind one of cpu, gpu, tpu")
+            message(
+                "Not a device name",
+                expected=f"a name like {_EXAMPLES}",
+                received=text,
+                choices=[f"{kind}:0" for kind in KINDS],
+                fix="use 'kind:index' with kind one of cpu, gpu, tpu",
+            )
         )
     return Device(_ALIASES[match["kind"]], int(match["index"] or 0))
 
@@ -158,8 +167,8 @@ def device_from_parts(kind: str, index: int, original: Any) -> Device:
     ``original`` is what the user passed, for the error."""
     if kind.lower() not in _ALIASES:
         raise DeviceNotFound(
-            message("Unsupported device type", expected="one of " + ", ".join(sorted(_ALIASES)),
-                    received=repr(original))
+            message(
+                "Unsupported device type", expected="one of " + ", ".join(sorted(_ALIASES)), received=repr(original)
+            )
         )
     return Device(_ALIASES[kind.lower()], int(index))
-

@@ -27,8 +27,15 @@ from xdevice import _registry
 from xdevice._device import KINDS, Device, device
 from xdevice._errors import DeviceNotFound, message
 
-__all__ = ["devices", "find", "clear_cache", "machine_devices", "nvml_gpus", "nvml_physical_gpus",
-           "visible_gpu_indices"]
+__all__ = [
+    "devices",
+    "find",
+    "clear_cache",
+    "machine_devices",
+    "nvml_gpus",
+    "nvml_physical_gpus",
+    "visible_gpu_indices",
+]
 
 _views: dict[str | None, list[Device]] = {}  # None: the machine; a name: that framework's view
 _found: dict[tuple[object, str | None], Device] = {}  # (spec as given, backend) -> the device
@@ -100,11 +107,16 @@ def find(spec: object, backend: str | None = None) -> Device:
                 _found[spec, backend] = candidate
             return candidate
     seen_by = f"backend {backend!r}" if backend else "this machine"
-    raise DeviceNotFound(message(
-        f"No device {wanted} on {seen_by}", expected="one of the devices that exist",
-        received=str(spec), choices=[str(d) for d in present],
-        fix="pass one of those (xdevice.devices() lists them); only xdevice.on(..., soft=True) falls back "
-            "to the CPU by itself"))
+    raise DeviceNotFound(
+        message(
+            f"No device {wanted} on {seen_by}",
+            expected="one of the devices that exist",
+            received=str(spec),
+            choices=[str(d) for d in present],
+            fix="pass one of those (xdevice.devices() lists them); only xdevice.on(..., soft=True) falls back "
+            "to the CPU by itself",
+        )
+    )
 
 
 def machine_devices() -> list[Device]:
@@ -130,6 +142,7 @@ def _merge(seen: Device, facts: Device | None, backend: str) -> Device:
 
 # -- CPU ----------------------------------------------------------------------------------
 
+
 def _cpu() -> Device:
     info = _read_keyed("/proc/cpuinfo", ":")
     memory = _read_keyed("/proc/meminfo", ":")
@@ -138,8 +151,14 @@ def _cpu() -> Device:
         total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     free = int(memory["MemAvailable"].split()[0]) * 1024 if "MemAvailable" in memory else None
     vendor = info.get("vendor_id", "")
-    return Device("cpu", 0, name=info.get("model name") or platform.processor() or platform.machine(),
-                  vendor=_VENDORS.get(vendor, vendor.lower()), memory_total=total, memory_free=free)
+    return Device(
+        "cpu",
+        0,
+        name=info.get("model name") or platform.processor() or platform.machine(),
+        vendor=_VENDORS.get(vendor, vendor.lower()),
+        memory_total=total,
+        memory_free=free,
+    )
 
 
 def _read_keyed(path: str, separator: str) -> dict[str, str]:
@@ -157,6 +176,7 @@ _VENDORS = {"GenuineIntel": "intel", "AuthenticAMD": "amd"}
 
 
 # -- NVIDIA GPUs through NVML ---------------------------------------------------------------
+
 
 def nvml_gpus() -> list[Device]:
     """NVIDIA GPUs visible to this process, numbered as CUDA will number them.
@@ -188,10 +208,18 @@ def nvml_physical_gpus() -> list[tuple[str, dict]]:
                 capability = tuple(pynvml.nvmlDeviceGetCudaComputeCapability(handle))
             except pynvml.NVMLError:
                 capability = None
-            physical.append((_text(pynvml.nvmlDeviceGetUUID(handle)), dict(
-                name=_text(pynvml.nvmlDeviceGetName(handle)), vendor="nvidia",
-                memory_total=int(memory.total), memory_free=int(memory.free),
-                compute_capability=capability)))
+            physical.append(
+                (
+                    _text(pynvml.nvmlDeviceGetUUID(handle)),
+                    dict(
+                        name=_text(pynvml.nvmlDeviceGetName(handle)),
+                        vendor="nvidia",
+                        memory_total=int(memory.total),
+                        memory_free=int(memory.free),
+                        compute_capability=capability,
+                    ),
+                )
+            )
     except pynvml.NVMLError:
         return []
     finally:
@@ -244,6 +272,7 @@ def _gpus_from_running_frameworks() -> list[Device]:
 
 
 # -- installed distributions, for the doctor -----------------------------------------------------
+
 
 @functools.lru_cache(maxsize=1)
 def _distributions() -> dict[str, str]:

@@ -20,8 +20,15 @@ import json
 from xdevice import _registry
 from xdevice._discovery import _distributions, devices, nvml_gpus
 
-__all__ = ["Finding", "DoctorReport", "doctor", "onnxruntime_conflict", "provider_findings",
-           "gpu_findings", "export_tools"]
+__all__ = [
+    "Finding",
+    "DoctorReport",
+    "doctor",
+    "onnxruntime_conflict",
+    "provider_findings",
+    "gpu_findings",
+    "export_tools",
+]
 
 _ALWAYS_THERE = ("CPUExecutionProvider", "AzureExecutionProvider")
 
@@ -62,8 +69,9 @@ class DoctorReport:
         return "\n".join(lines)
 
     def to_json(self) -> str:
-        return json.dumps({"healthy": self.healthy,
-                           "findings": [dataclasses.asdict(f) for f in self.findings]}, indent=2)
+        return json.dumps(
+            {"healthy": self.healthy, "findings": [dataclasses.asdict(f) for f in self.findings]}, indent=2
+        )
 
 
 def doctor() -> DoctorReport:
@@ -78,20 +86,25 @@ def doctor() -> DoctorReport:
     seen: dict[str, int] = {}
     for name in _registry.backends(all=True):
         if not _registry.is_installed(name):
-            findings.append(Finding("frameworks", True, f"{name}: not installed "
-                                    f"(optional: {_registry.pip_line(name)})"))
+            findings.append(
+                Finding("frameworks", True, f"{name}: not installed (optional: {_registry.pip_line(name)})")
+            )
             continue
         try:
             backend = _registry.backend(name)
             found = devices(backend=name)
-        except Exception as error:  # a broken install must not stop the other checks
-            findings.append(Finding("frameworks", False, f"{name}: fails to load: {error}",
-                                    f"reinstall it: {_registry.pip_line(name)}"))
+        except Exception as error:  # noqa: BLE001 - a broken install must not stop the other checks
+            findings.append(
+                Finding(
+                    "frameworks", False, f"{name}: fails to load: {error}", f"reinstall it: {_registry.pip_line(name)}"
+                )
+            )
             continue
         if backend.supports_gpu:
             seen[name] = sum(d.kind == "gpu" for d in found)
-        findings.append(Finding("frameworks", True, f"{name} {backend.version()}: sees "
-                                + ", ".join(str(d) for d in found)))
+        findings.append(
+            Finding("frameworks", True, f"{name} {backend.version()}: sees " + ", ".join(str(d) for d in found))
+        )
     findings += gpu_findings(len(gpus), seen, {name: _registry.gpu_build(name) for name in seen})
     findings += onnxruntime_conflict(dists)
     findings += _onnxruntime_providers()
@@ -102,6 +115,7 @@ def doctor() -> DoctorReport:
 
 # -- judgements: pure functions of facts ------------------------------------------------------
 
+
 def gpu_findings(machine_gpus: int, seen: dict[str, int], gpu_build: dict[str, bool]) -> list[Finding]:
     """GPUs the machine has against those each framework sees."""
     if not machine_gpus:
@@ -111,13 +125,23 @@ def gpu_findings(machine_gpus: int, seen: dict[str, int], gpu_build: dict[str, b
         if count:
             findings.append(Finding("devices", True, f"{name} sees {count} of {machine_gpus} GPUs"))
         elif gpu_build.get(name):
-            findings.append(Finding(
-                "devices", False, f"{name} is a GPU build but sees none of the {machine_gpus} GPUs",
-                "check CUDA_VISIBLE_DEVICES and that the CUDA libraries this build needs are installed"))
+            findings.append(
+                Finding(
+                    "devices",
+                    False,
+                    f"{name} is a GPU build but sees none of the {machine_gpus} GPUs",
+                    "check CUDA_VISIBLE_DEVICES and that the CUDA libraries this build needs are installed",
+                )
+            )
         else:
-            findings.append(Finding(
-                "devices", False, f"{name} is a CPU-only build on a machine with {machine_gpus} GPUs",
-                "install its CUDA build (`make` does this on a GPU machine)"))
+            findings.append(
+                Finding(
+                    "devices",
+                    False,
+                    f"{name} is a CPU-only build on a machine with {machine_gpus} GPUs",
+                    "install its CUDA build (`make` does this on a GPU machine)",
+                )
+            )
     return findings
 
 
@@ -129,19 +153,27 @@ def onnxruntime_conflict(dists: dict[str, str]) -> list[Finding]:
     """
     present = [d for d in ("onnxruntime", "onnxruntime-gpu") if d in dists]
     if len(present) == 2:
-        return [Finding(
-            "onnxruntime", False,
-            f"both onnxruntime {dists['onnxruntime']} and onnxruntime-gpu {dists['onnxruntime-gpu']} "
-            "are installed; they overwrite each other's files (jax2onnx pulls in onnxruntime)",
-            "pip uninstall -y onnxruntime onnxruntime-gpu && pip install onnxruntime-gpu")]
+        return [
+            Finding(
+                "onnxruntime",
+                False,
+                f"both onnxruntime {dists['onnxruntime']} and onnxruntime-gpu {dists['onnxruntime-gpu']} "
+                "are installed; they overwrite each other's files (jax2onnx pulls in onnxruntime)",
+                "pip uninstall -y onnxruntime onnxruntime-gpu && pip install onnxruntime-gpu",
+            )
+        ]
     if present:
         return [Finding("onnxruntime", True, f"{present[0]} {dists[present[0]]} installed")]
     return [Finding("onnxruntime", True, "not installed (optional: pip install 'xdevice[onnx]')")]
 
 
 #: the ONNX tools export needs, and what each one does there
-_EXPORT_TOOLS = {"onnx": "the format, checker and shape inference", "onnxscript": "PyTorch's exporter",
-                 "tf2onnx": "TensorFlow's exporter", "jax2onnx": "JAX's exporter"}
+_EXPORT_TOOLS = {
+    "onnx": "the format, checker and shape inference",
+    "onnxscript": "PyTorch's exporter",
+    "tf2onnx": "TensorFlow's exporter",
+    "jax2onnx": "JAX's exporter",
+}
 
 
 def export_tools(dists: dict[str, str]) -> list[Finding]:
@@ -150,9 +182,16 @@ def export_tools(dists: dict[str, str]) -> list[Finding]:
     >>> export_tools({"onnx": "1.23.0"})[0].text
     'onnx 1.23.0: the format, checker and shape inference'
     """
-    return [Finding("onnx export", True, f"{name} {dists[name]}: {role}" if name in dists
-                    else f"{name}: not installed, needed for {role} (pip install 'xdevice[export]')")
-            for name, role in _EXPORT_TOOLS.items()]
+    return [
+        Finding(
+            "onnx export",
+            True,
+            f"{name} {dists[name]}: {role}"
+            if name in dists
+            else f"{name}: not installed, needed for {role} (pip install 'xdevice[export]')",
+        )
+        for name, role in _EXPORT_TOOLS.items()
+    ]
 
 
 def provider_findings(listed: list[str], in_use: dict[str, list[str]]) -> list[Finding]:
@@ -174,19 +213,30 @@ def provider_findings(listed: list[str], in_use: dict[str, list[str]]) -> list[F
         if provider in used:
             findings.append(Finding("onnxruntime", True, f"{provider} loads and runs"))
         else:
-            findings.append(Finding(
-                "onnxruntime", False,
-                f"{provider} is listed as available but a session asked for it ran on "
-                f"{', '.join(used) or 'nothing'}: its libraries (CUDA, cuDNN) did not load",
-                "install the CUDA and cuDNN versions this onnxruntime-gpu needs "
-                "(see `pip show onnxruntime-gpu`), e.g. pip install 'onnxruntime-gpu[cuda,cudnn]'"))
+            findings.append(
+                Finding(
+                    "onnxruntime",
+                    False,
+                    f"{provider} is listed as available but a session asked for it ran on "
+                    f"{', '.join(used) or 'nothing'}: its libraries (CUDA, cuDNN) did not load",
+                    "install the CUDA and cuDNN versions this onnxruntime-gpu needs "
+                    "(see `pip show onnxruntime-gpu`), e.g. pip install 'onnxruntime-gpu[cuda,cudnn]'",
+                )
+            )
     if "CPUExecutionProvider" in in_use:
-        findings.insert(0, Finding("onnxruntime", "CPUExecutionProvider" in in_use["CPUExecutionProvider"],
-                                   "CPUExecutionProvider loads and runs"))
+        findings.insert(
+            0,
+            Finding(
+                "onnxruntime",
+                "CPUExecutionProvider" in in_use["CPUExecutionProvider"],
+                "CPUExecutionProvider loads and runs",
+            ),
+        )
     return findings
 
 
 # -- facts that need the real thing ---------------------------------------------------------
+
 
 def _onnxruntime_providers() -> list[Finding]:
     if not (_registry.is_installed("onnxruntime") and _registry.is_installed("onnx")):
@@ -233,16 +283,22 @@ def _cuda(gpus) -> list[Finding]:
         findings.append(Finding("cuda", True, f"CUDA driver supports CUDA {driver // 1000}.{driver % 1000 // 10}"))
         pynvml.nvmlShutdown()
     except Exception as error:  # noqa: BLE001 - any NVML failure is reported, not raised
-        findings.append(Finding("cuda", False, f"NVML could not report the CUDA driver: {error}",
-                                "install the NVIDIA driver"))
+        findings.append(
+            Finding("cuda", False, f"NVML could not report the CUDA driver: {error}", "install the NVIDIA driver")
+        )
     cudnn = [f"{d} {v}" for d, v in _distributions().items() if d.startswith("nvidia-cudnn")]
     if cudnn:
         findings.append(Finding("cuda", True, "cuDNN from pip: " + ", ".join(cudnn)))
     else:
         with_version = _cudnn_through_frameworks()
-        findings.append(Finding("cuda", with_version is not None,
-                                f"cuDNN: {with_version or 'not found'}",
-                                None if with_version else "pip install nvidia-cudnn-cu12 (or -cu13)"))
+        findings.append(
+            Finding(
+                "cuda",
+                with_version is not None,
+                f"cuDNN: {with_version or 'not found'}",
+                None if with_version else "pip install nvidia-cudnn-cu12 (or -cu13)",
+            )
+        )
     return findings
 
 

@@ -26,10 +26,14 @@ def memory_stats(device: object = "cpu", backend: str | None = None) -> MemorySt
     if backend is None:
         loaded = [b.name for b in _registry.active_backends() if b.name != "numpy"]
         if len(loaded) != 1:
-            raise ConfigurationError(message(
-                "Memory is counted per framework; say which one",
-                expected="backend=<name>", received="backend=None",
-                choices=loaded or _registry.backends(),
-                fix=f"memory_stats({str(device)!r}, backend={(loaded or ['torch'])[0]!r})"))
+            raise ConfigurationError(
+                message(
+                    "Memory is counted per framework; say which one",
+                    expected="backend=<name>",
+                    received="backend=None",
+                    choices=loaded or _registry.backends(),
+                    fix=f"memory_stats({str(device)!r}, backend={(loaded or ['torch'])[0]!r})",
+                )
+            )
         backend = loaded[0]
     return _registry.backend(backend).memory_stats(find(device, backend=backend))

@@ -51,9 +51,11 @@ class ParityRow:
     note: str = ""
 
     def describe(self) -> str:
-        return (f"{self.subject}: backend {self.backend!r}, tensor {self.tensor!r}: worst at index "
-                f"{self.worst_index}: {self.actual!r} vs reference {self.expected!r} "
-                f"(max abs {self.max_abs:.3g}, max rel {self.max_rel:.3g})" + (f"; {self.note}" if self.note else ""))
+        return (
+            f"{self.subject}: backend {self.backend!r}, tensor {self.tensor!r}: worst at index "
+            f"{self.worst_index}: {self.actual!r} vs reference {self.expected!r} "
+            f"(max abs {self.max_abs:.3g}, max rel {self.max_rel:.3g})" + (f"; {self.note}" if self.note else "")
+        )
 
 
 class ParityReport(list):
@@ -75,58 +77,87 @@ class ParityReport(list):
         if self.violations:
             worst = max(self.violations, key=lambda r: r.max_abs)
             rtol, atol = TOLERANCES[self.dtype]
-            raise ParityError(message(
-                f"{len(self.violations)} tensor(s) differ from the numpy reference beyond the {self.dtype} "
-                f"tolerance (|a - e| <= {atol:g} + {rtol:g} * |e|)", received=worst.describe()))
+            raise ParityError(
+                message(
+                    f"{len(self.violations)} tensor(s) differ from the numpy reference beyond the {self.dtype} "
+                    f"tolerance (|a - e| <= {atol:g} + {rtol:g} * |e|)",
+                    received=worst.describe(),
+                )
+            )
 
     def summary(self) -> list[tuple[str, str, int, float, float, bool]]:
         """One line per (subject, backend): tensors checked, worst abs and rel error, ok."""
         groups: dict[tuple[str, str], list[ParityRow]] = {}
         for row in self:
             groups.setdefault((row.subject, row.backend), []).append(row)
-        return [(s, b, len(rows), max(r.max_abs for r in rows), max(r.max_rel for r in rows),
-                 all(r.ok for r in rows)) for (s, b), rows in groups.items()]
+        return [
+            (s, b, len(rows), max(r.max_abs for r in rows), max(r.max_rel for r in rows), all(r.ok for r in rows))
+            for (s, b), rows in groups.items()
+        ]
 
     def __str__(self) -> str:
         rtol, atol = TOLERANCES[self.dtype]
-        lines = [f"parity against numpy float64, {self.dtype} tolerance |a-e| <= {atol:g} + {rtol:g}*|e|",
-                 f"{'model':<12} {'backend':<11} {'tensors':>7} {'max abs':>10} {'max rel':>10}  ok"]
+        lines = [
+            f"parity against numpy float64, {self.dtype} tolerance |a-e| <= {atol:g} + {rtol:g}*|e|",
+            f"{'model':<12} {'backend':<11} {'tensors':>7} {'max abs':>10} {'max rel':>10}  ok",
+        ]
         for subject, backend, count, worst_abs, worst_rel, ok in self.summary():
-            lines.append(f"{subject:<12} {backend:<11} {count:>7} {worst_abs:>10.2e} {worst_rel:>10.2e}  "
-                         f"{'yes' if ok else 'NO'}")
+            lines.append(
+                f"{subject:<12} {backend:<11} {count:>7} {worst_abs:>10.2e} {worst_rel:>10.2e}  {'yes' if ok else 'NO'}"
+            )
         lines += [f"  violation: {row.describe()}" for row in self.violations[:10]]
         return "\n".join(lines)
 
     def to_markdown(self) -> str:
         lines = ["| model | backend | tensors | max abs | max rel | ok |", "|---|---|---:|---:|---:|---|"]
         for subject, backend, count, worst_abs, worst_rel, ok in self.summary():
-            lines.append(f"| {subject} | {backend} | {count} | {worst_abs:.2e} | {worst_rel:.2e} | "
-                         f"{'yes' if ok else '**no**'} |")
+            lines.append(
+                f"| {subject} | {backend} | {count} | {worst_abs:.2e} | {worst_rel:.2e} | {'yes' if ok else '**no**'} |"
+            )
         return "\n".join(lines)
 
     def to_json(self) -> str:
-        return json.dumps({"dtype": self.dtype, "ok": self.ok,
-                           "rows": [dataclasses.asdict(r) for r in self]}, indent=2)
+        return json.dumps({"dtype": self.dtype, "ok": self.ok, "rows": [dataclasses.asdict(r) for r in self]}, indent=2)
 
 
-def compare_tensors(subject: str, backend: str, actual: dict[str, Any], expected: dict[str, Any],
-                    dtype: str) -> list[ParityRow]:
+def compare_tensors(
+    subject: str, backend: str, actual: dict[str, Any], expected: dict[str, Any], dtype: str
+) -> list[ParityRow]:
     """Rows for every tensor in ``expected``; a missing or misshapen tensor fails."""
     rows = []
     for name, want in expected.items():
         got = actual.get(name)
         result = compare(got, want, dtype) if got is not None else None
         if result is None:
-            rows.append(ParityRow(subject, backend, name, float("inf"), float("inf"), (), float("nan"),
-                                  float("nan"), False))
+            rows.append(
+                ParityRow(subject, backend, name, float("inf"), float("inf"), (), float("nan"), float("nan"), False)
+            )
         else:
-            rows.append(ParityRow(subject, backend, name, result.max_abs, result.max_rel, result.worst_index,
-                                  result.actual, result.expected, result.ok))
+            rows.append(
+                ParityRow(
+                    subject,
+                    backend,
+                    name,
+                    result.max_abs,
+                    result.max_rel,
+                    result.worst_index,
+                    result.actual,
+                    result.expected,
+                    result.ok,
+                )
+            )
     return rows
 
 
-def parity(model: Any = "mlp", backends: Sequence[str] | None = None, inputs: Any = None,
-           grads: bool | None = None, dtype: str = "float32", seed: int = 0, batch: int = 4) -> ParityReport:
+def parity(
+    model: Any = "mlp",
+    backends: Sequence[str] | None = None,
+    inputs: Any = None,
+    grads: bool | None = None,
+    dtype: str = "float32",
+    seed: int = 0,
+    batch: int = 4,
+) -> ParityReport:
     """Run a zoo model on each backend and compare with the numpy float64 reference.
 
     Args:
@@ -146,8 +177,9 @@ def parity(model: Any = "mlp", backends: Sequence[str] | None = None, inputs: An
     >>> parity("mlp", backends=["numpy"], grads=False).ok  # doctest: +SKIP
     True
     """
-    from xdevice import models
     import numpy as np
+
+    from xdevice import models
 
     if isinstance(model, str):
         model = models.build(model, seed=seed)
@@ -160,17 +192,23 @@ def parity(model: Any = "mlp", backends: Sequence[str] | None = None, inputs: An
     else:
         x = np.asarray(inputs)
         margin = _kink_margin(reference, x)
-    note = "" if margin > KINK_MARGIN else (
-        f"the reference input comes within {margin:.1e} (relative) of a kink (ReLU at 0, a tie in a max), "
-        "where float32 rounding may legitimately flip a gradient: try other inputs")
+    note = (
+        ""
+        if margin > KINK_MARGIN
+        else (
+            f"the reference input comes within {margin:.1e} (relative) of a kink (ReLU at 0, a tie in a max), "
+            "where float32 rounding may legitimately flip a gradient: try other inputs"
+        )
+    )
     labels = np.random.default_rng(seed + 1).integers(0, model.spec["classes"], size=x.shape[0])
     expected = _zoo_tensors(reference, x, labels, grads)
     report = ParityReport(dtype=dtype)
     for name in names:
         actual = _zoo_tensors(model.to(name, device="cpu", dtype=dtype), x, labels, grads)
         rows = compare_tensors(model.name, name, actual, expected, dtype)
-        report += [dataclasses.replace(r, note=note) if note and not r.ok and r.tensor.startswith("grad ") else r
-                   for r in rows]
+        report += [
+            dataclasses.replace(r, note=note) if note and not r.ok and r.tensor.startswith("grad ") else r for r in rows
+        ]
     return report
 
 
@@ -218,8 +256,13 @@ def _zoo_tensors(model, x, labels, grads: bool) -> dict[str, Any]:
     return out
 
 
-def assert_parity(fn: Callable[..., Any], inputs: Sequence[Any], backends: Sequence[str] | None = None,
-                  dtype: str = "float32", subject: str | None = None) -> ParityReport:
+def assert_parity(
+    fn: Callable[..., Any],
+    inputs: Sequence[Any],
+    backends: Sequence[str] | None = None,
+    dtype: str = "float32",
+    subject: str | None = None,
+) -> ParityReport:
     """Assert that ``fn(ops, *inputs)`` agrees on every backend with the numpy reference.
 
     ``fn`` is written once against the op set; ``inputs`` are numpy arrays (floats are given
@@ -242,8 +285,12 @@ def assert_parity(fn: Callable[..., Any], inputs: Sequence[Any], backends: Seque
 
     def run(name: str, float_dtype: str) -> dict[str, Any]:
         ops = _registry.backend(name).ops
-        args = [ops.asarray(np.asarray(v).astype(numpy_dtype(float_dtype))) if np.asarray(v).dtype.kind == "f"
-                else (ops.asarray(v) if isinstance(v, np.ndarray) else v) for v in inputs]
+        args = [
+            ops.asarray(np.asarray(v).astype(numpy_dtype(float_dtype)))
+            if np.asarray(v).dtype.kind == "f"
+            else (ops.asarray(v) if isinstance(v, np.ndarray) else v)
+            for v in inputs
+        ]
         result = fn(ops, *args)
         if isinstance(result, dict):
             items = result.items()

@@ -103,8 +103,12 @@ class _On:
                 if self.log:
                     probe = backend.zeros((1,))
                     placement.actual[backend.name] = backend.device_of(probe)
-                    logger.info("xdevice.on(%s): %s placed a new array on %s",
-                                wanted, backend.name, placement.actual[backend.name])
+                    logger.info(
+                        "xdevice.on(%s): %s placed a new array on %s",
+                        wanted,
+                        backend.name,
+                        placement.actual[backend.name],
+                    )
         except BaseException:
             _leave(scopes)
             raise
@@ -126,9 +130,18 @@ def _fallback(wanted: Device, where: str, present: list[str], soft: bool, asked:
     named = f"{asked!r} (read as {wanted}: cuda, rocm and mps are all gpu)" if asked else str(wanted)
     what = f"No device {named} for {where}"
     if not soft:
-        raise DeviceNotFound(message(
-            what, expected="a device that exists", received=asked or str(wanted), choices=present,
-            fix="pick one of those, or pass soft=True to fall back to cpu:0"))
-    warnings.warn(f"{what} (it has: {', '.join(present)}); running on cpu:0 instead. "
-                  "Pass soft=False to make this an error.", DeviceFallbackWarning, stacklevel=4)
+        raise DeviceNotFound(
+            message(
+                what,
+                expected="a device that exists",
+                received=asked or str(wanted),
+                choices=present,
+                fix="pick one of those, or pass soft=True to fall back to cpu:0",
+            )
+        )
+    warnings.warn(
+        f"{what} (it has: {', '.join(present)}); running on cpu:0 instead. Pass soft=False to make this an error.",
+        DeviceFallbackWarning,
+        stacklevel=4,
+    )
     return Device("cpu", 0)

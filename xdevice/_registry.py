@@ -26,8 +26,17 @@ from xdevice._errors import BackendUnavailable, message
 if TYPE_CHECKING:
     from xdevice.backends.base import Backend
 
-__all__ = ["backends", "backend", "loaded_backends", "active_backends", "is_installed", "pip_line", "owner",
-           "extension", "gpu_build"]
+__all__ = [
+    "backends",
+    "backend",
+    "loaded_backends",
+    "active_backends",
+    "is_installed",
+    "pip_line",
+    "owner",
+    "extension",
+    "gpu_build",
+]
 
 GROUP = "xdevice.backends"
 _BUILTIN_ORDER = ("numpy", "torch", "jax", "tensorflow")
@@ -67,7 +76,7 @@ def pip_line(name: str) -> str:
     return f"pip install {name}"
 
 
-def backends(*, all: bool = False) -> list[str]:  # noqa: A002 - reads well at the call site
+def backends(*, all: bool = False) -> list[str]:
     """Names of the installed backends, without importing any framework.
 
     Args:
@@ -96,23 +105,36 @@ def backend(name: str) -> Backend:
             return _cache[name]
         points = _entry_points()
         if name not in points:
-            raise BackendUnavailable(message(
-                "Unknown backend", expected="the name of a registered backend",
-                received=name, choices=list(points) or ["(none: is xdevice installed? pip install -e .)"]))
+            raise BackendUnavailable(
+                message(
+                    "Unknown backend",
+                    expected="the name of a registered backend",
+                    received=name,
+                    choices=list(points) or ["(none: is xdevice installed? pip install -e .)"],
+                )
+            )
         if not is_installed(name):
             title = _TITLES.get(name, name)
-            raise BackendUnavailable(message(
-                f"Backend {name!r} needs {title}, which is not installed",
-                expected=f"an importable {name!r} module", received="no such module",
-                choices=backends(), fix=pip_line(name)))
+            raise BackendUnavailable(
+                message(
+                    f"Backend {name!r} needs {title}, which is not installed",
+                    expected=f"an importable {name!r} module",
+                    received="no such module",
+                    choices=backends(),
+                    fix=pip_line(name),
+                )
+            )
         try:
             cls = points[name].load()
             instance = cls()
         except ImportError as error:
-            raise BackendUnavailable(message(
-                f"Backend {name!r} is installed but failed to import",
-                received=f"{type(error).__name__}: {error}",
-                fix=f"reinstall it: {pip_line(name)}")) from error
+            raise BackendUnavailable(
+                message(
+                    f"Backend {name!r} is installed but failed to import",
+                    received=f"{type(error).__name__}: {error}",
+                    fix=f"reinstall it: {pip_line(name)}",
+                )
+            ) from error
         _cache[name] = instance
         return instance
 
@@ -181,6 +203,7 @@ def accepted(kind: str) -> list[str]:
 
 
 # -- parts of a backend package that load apart from the backend -------------------------------
+
 
 def extension(name: str, part: str) -> types.ModuleType | None:
     """The module ``part`` of backend ``name``'s package (``"training"``), or None when that

@@ -34,10 +34,15 @@ def _array_owner(x: Any):
     if found is not None and found[1] == "array":
         return found[0]
     what = f"A {found[0].title} {found[1]} is not an array" if found else "Not an array of any loaded framework"
-    raise ConversionError(message(
-        what, expected="an array of an installed backend",
-        received=f"{type(x).__module__}.{type(x).__qualname__}", choices=_registry.accepted("array"),
-        fix="pass one of those arrays (numpy: np.asarray(value))"))
+    raise ConversionError(
+        message(
+            what,
+            expected="an array of an installed backend",
+            received=f"{type(x).__module__}.{type(x).__qualname__}",
+            choices=_registry.accepted("array"),
+            fix="pass one of those arrays (numpy: np.asarray(value))",
+        )
+    )
 
 
 def device_of(x: Any):
@@ -74,10 +79,14 @@ def convert(x: Any, to: str, *, device: Any = None, copy: bool | None = None) ->
     [0.0, 1.0, 2.0]
     """
     if copy is True:
-        raise ConversionError(message(
-            "convert() shares memory where it can; it does not force a copy",
-            expected="copy=None or copy=False", received=copy,
-            fix="copy the result with the target framework (e.g. tensor.clone())"))
+        raise ConversionError(
+            message(
+                "convert() shares memory where it can; it does not force a copy",
+                expected="copy=None or copy=False",
+                received=copy,
+                fix="copy the result with the target framework (e.g. tensor.clone())",
+            )
+        )
     source = _array_owner(x)
     target = _registry.backend(to)
     if source is target:
@@ -91,17 +100,24 @@ def convert(x: Any, to: str, *, device: Any = None, copy: bool | None = None) ->
                 refused = f"{type(error).__name__}: {error}"
         if refused is not None:
             if copy is False:
-                raise ConversionError(message(
-                    f"{source.name} -> {to} cannot share memory for this array",
-                    received=refused, fix="pass copy=None to allow a host copy"))
+                raise ConversionError(
+                    message(
+                        f"{source.name} -> {to} cannot share memory for this array",
+                        received=refused,
+                        fix="pass copy=None to allow a host copy",
+                    )
+                )
             result = target.from_dlpack(_host_copy(source.to_numpy(x), target.dlpack_alignment))
             result = target.to_device(result, source.device_of(x))
         if copy is False and target.data_pointer(result) != source.data_pointer(x):
-            raise ConversionError(message(
-                f"{source.name} -> {to} copied the data",
-                expected="a zero-copy view (copy=False)",
-                received="a new buffer (the frameworks could not share this array)",
-                fix="pass copy=None to accept a copy"))
+            raise ConversionError(
+                message(
+                    f"{source.name} -> {to} copied the data",
+                    expected="a zero-copy view (copy=False)",
+                    received="a new buffer (the frameworks could not share this array)",
+                    fix="pass copy=None to accept a copy",
+                )
+            )
     if device is not None:
         result = target.to_device(result, find(device, backend=to))
     return result
@@ -127,7 +143,7 @@ def _host_copy(x: Any, alignment: int) -> Any:
     alignment = max(alignment, 1)
     raw = np.empty(x.nbytes + alignment, dtype=np.uint8)
     start = -raw.ctypes.data % alignment
-    out = raw[start:start + x.nbytes].view(x.dtype).reshape(x.shape)
+    out = raw[start : start + x.nbytes].view(x.dtype).reshape(x.shape)
     np.copyto(out, x)
     return out
 

@@ -41,9 +41,11 @@ class Comparison:
     ok: bool
 
     def describe(self) -> str:
-        return (f"worst at index {self.worst_index}: {self.actual!r} vs expected {self.expected!r} "
-                f"(max abs {self.max_abs:.3g}, max rel {self.max_rel:.3g}; "
-                f"allowed {self.atol:g} + {self.rtol:g} * |expected|)")
+        return (
+            f"worst at index {self.worst_index}: {self.actual!r} vs expected {self.expected!r} "
+            f"(max abs {self.max_abs:.3g}, max rel {self.max_rel:.3g}; "
+            f"allowed {self.atol:g} + {self.rtol:g} * |expected|)"
+        )
 
 
 def compare(actual: Any, expected: Any, dtype: str = "float32", *, scale: float = 1.0) -> Comparison:
@@ -86,6 +88,13 @@ def _compare(a, a64, e64, rtol, atol) -> Comparison:
     # relative error only where the reference is larger than the absolute allowance
     significant = np.abs(e64) > max(atol, np.finfo(np.float32).tiny)
     rel = np.where(significant, diff / np.where(significant, np.abs(e64), 1.0), 0.0)
-    return Comparison(float(diff.max()), float(rel.max()),
-                      tuple(int(i) for i in worst), a64[worst].item(), e64[worst].item(),
-                      rtol, atol, bool((excess <= 0).all()))
+    return Comparison(
+        float(diff.max()),
+        float(rel.max()),
+        tuple(int(i) for i in worst),
+        a64[worst].item(),
+        e64[worst].item(),
+        rtol,
+        atol,
+        bool((excess <= 0).all()),
+    )

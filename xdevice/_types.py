@@ -22,13 +22,32 @@ __all__ = ["Config", "Applied", "ConfigReport", "MemoryStats", "parse_bytes", "f
 #: say). ``unsupported``: the framework cannot do it. ``detail`` says how, or why not.
 How = Literal["enforced", "pool", "advisory", "applied", "skipped", "unsupported"]
 
-_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
-          "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+_UNITS = {
+    "": 1,
+    "b": 1,
+    "kb": 10**3,
+    "mb": 10**6,
+    "gb": 10**9,
+    "tb": 10**12,
+    "kib": 2**10,
+    "mib": 2**20,
+    "gib": 2**30,
+    "tib": 2**40,
+}
 _SIZE = re.compile(r"^\s*(?P<number>[-+]?\d+(?:\.\d+)?(?:e[-+]?\d+)?)\s*(?P<unit>[a-z]*)\s*$")
 
 
-_SPELLING = {"b": "B", "kb": "kB", "mb": "MB", "gb": "GB", "tb": "TB", "kib": "KiB", "mib": "MiB", "gib": "GiB",
-             "tib": "TiB"}
+_SPELLING = {
+    "b": "B",
+    "kb": "kB",
+    "mb": "MB",
+    "gb": "GB",
+    "tb": "TB",
+    "kib": "KiB",
+    "mib": "MiB",
+    "gib": "GiB",
+    "tib": "TiB",
+}
 
 
 def parse_bytes(value: int | str, what: str = "memory_limit") -> int:
@@ -38,33 +57,52 @@ def parse_bytes(value: int | str, what: str = "memory_limit") -> int:
     1610612736
     """
     if isinstance(value, bool) or not isinstance(value, (int, str)):
-        raise ConfigurationError(message(
-            f"{what} must be a number of bytes", expected="a positive int or a string like '4GiB'",
-            received=f"{value!r} ({type(value).__name__})",
-            fix=f"write e.g. {what}=4 * 2**30 or {what}='4GiB'"))
+        raise ConfigurationError(
+            message(
+                f"{what} must be a number of bytes",
+                expected="a positive int or a string like '4GiB'",
+                received=f"{value!r} ({type(value).__name__})",
+                fix=f"write e.g. {what}=4 * 2**30 or {what}='4GiB'",
+            )
+        )
     if isinstance(value, int):
         number = value
     else:
         match = _SIZE.match(value.lower())
         if match is None:
-            raise ConfigurationError(message(
-                f"{what} is not a size", expected="a number with an optional unit (B, kB, MB, GB, TB, KiB, MiB, "
-                "GiB, TiB)", received=value, fix=f"write e.g. {what}='4GiB'"))
+            raise ConfigurationError(
+                message(
+                    f"{what} is not a size",
+                    expected="a number with an optional unit (B, kB, MB, GB, TB, KiB, MiB, GiB, TiB)",
+                    received=value,
+                    fix=f"write e.g. {what}='4GiB'",
+                )
+            )
         if match["unit"] not in _UNITS:
             close = nearest(match["unit"], [u for u in _UNITS if u])
-            raise ConfigurationError(message(
-                f"{what} has an unknown unit {match['unit']!r}", expected="B, kB, MB, GB, TB, KiB, MiB, GiB or TiB "
-                "(any case)", received=value,
-                fix=f"write e.g. {what}='{match['number']}{_SPELLING.get(close, 'GiB')}'"))
+            raise ConfigurationError(
+                message(
+                    f"{what} has an unknown unit {match['unit']!r}",
+                    expected="B, kB, MB, GB, TB, KiB, MiB, GiB or TiB (any case)",
+                    received=value,
+                    fix=f"write e.g. {what}='{match['number']}{_SPELLING.get(close, 'GiB')}'",
+                )
+            )
         amount = float(match["number"]) * _UNITS[match["unit"]]
         number = int(max(min(amount, 2**63), -1))  # inf or past any machine: refused below
     if number <= 0:
-        raise ConfigurationError(message(
-            f"{what} must be positive", expected="more than 0 bytes", received=value,
-            fix=f"leave {what} unset for no limit"))
+        raise ConfigurationError(
+            message(
+                f"{what} must be positive",
+                expected="more than 0 bytes",
+                received=value,
+                fix=f"leave {what} unset for no limit",
+            )
+        )
     if number >= 2**63:  # past any machine, and past the frameworks' int64 sizes
-        raise ConfigurationError(message(f"{what} is larger than any machine's memory", received=value,
-                                         fix=f"write e.g. {what}='4GiB'"))
+        raise ConfigurationError(
+            message(f"{what} is larger than any machine's memory", received=value, fix=f"write e.g. {what}='4GiB'")
+        )
     return number
 
 
@@ -103,28 +141,44 @@ class Config:
         if visible is not None:
             if isinstance(visible, (str, int)):
                 visible = [visible]
-            visible = tuple(Device("gpu", v) if isinstance(v, int) and not isinstance(v, bool)
-                            else device(v) for v in visible)
+            visible = tuple(
+                Device("gpu", v) if isinstance(v, int) and not isinstance(v, bool) else device(v) for v in visible
+            )
             wrong = [str(d) for d in visible if d.kind != "gpu"]
             if wrong:
-                raise ConfigurationError(message(
-                    "visible lists the accelerators to use; CPUs are always visible",
-                    expected="GPU names such as 'gpu:0' or GPU indices", received=wrong,
-                    fix="drop the CPU entries (use cpu_devices=N for virtual CPUs)"))
+                raise ConfigurationError(
+                    message(
+                        "visible lists the accelerators to use; CPUs are always visible",
+                        expected="GPU names such as 'gpu:0' or GPU indices",
+                        received=wrong,
+                        fix="drop the CPU entries (use cpu_devices=N for virtual CPUs)",
+                    )
+                )
         if memory_growth is not None and not isinstance(memory_growth, bool):
-            raise ConfigurationError(message(
-                "memory_growth must be True or False", expected="a bool",
-                received=memory_growth, choices=["True", "False"],
-                fix="True allocates on demand; False pre-allocates a pool"))
+            raise ConfigurationError(
+                message(
+                    "memory_growth must be True or False",
+                    expected="a bool",
+                    received=memory_growth,
+                    choices=["True", "False"],
+                    fix="True allocates on demand; False pre-allocates a pool",
+                )
+            )
         if isinstance(memory_limit, Mapping):
             memory_limit = {device(k): parse_bytes(v) for k, v in memory_limit.items()}
         elif memory_limit is not None:
             memory_limit = parse_bytes(memory_limit)
-        if cpu_devices is not None and (isinstance(cpu_devices, bool) or not isinstance(cpu_devices, int)
-                                        or cpu_devices < 1):
-            raise ConfigurationError(message(
-                "cpu_devices is the number of virtual CPU devices", expected="an int of 1 or more",
-                received=cpu_devices, fix="write e.g. cpu_devices=4"))
+        if cpu_devices is not None and (
+            isinstance(cpu_devices, bool) or not isinstance(cpu_devices, int) or cpu_devices < 1
+        ):
+            raise ConfigurationError(
+                message(
+                    "cpu_devices is the number of virtual CPU devices",
+                    expected="an int of 1 or more",
+                    received=cpu_devices,
+                    fix="write e.g. cpu_devices=4",
+                )
+            )
         return cls(visible, memory_growth, memory_limit, cpu_devices)
 
     def limit_for(self, dev: Device) -> int | None:
@@ -156,8 +210,7 @@ class ConfigReport(list):
         rows = [("backend", "setting", "value", "how", "detail")]
         rows += [(a.backend, a.setting, shown(a.value, a.setting), a.how, a.detail) for a in self]
         widths = [max(len(r[i]) for r in rows) for i in range(4)]
-        return "\n".join("  ".join(c.ljust(w) for c, w in zip(r[:4], widths)) + "  " + r[4]
-                         for r in rows)
+        return "\n".join("  ".join(c.ljust(w) for c, w in zip(r[:4], widths)) + "  " + r[4] for r in rows)
 
     def how(self, backend: str, setting: str) -> How | None:
         """How ``setting`` took effect on ``backend`` (None when not requested)."""

@@ -35,17 +35,23 @@ def build_parser() -> argparse.ArgumentParser:
     """Every subcommand and its flags (deployment manifests are checked against it)."""
     from xdevice import __version__
 
-    parser = argparse.ArgumentParser(prog="xdevice", description="Devices, parity, ONNX export and import, "
-                                     "serving and training on PyTorch, JAX and TensorFlow.")
+    parser = argparse.ArgumentParser(
+        prog="xdevice",
+        description="Devices, parity, ONNX export and import, serving and training on PyTorch, JAX and TensorFlow.",
+    )
     parser.add_argument("--version", action="version", version=f"xdevice {__version__}")
-    parser.add_argument("--verbose", action="store_true",
-                        help="let the frameworks log as they like (by default their start-up chatter is hidden)")
+    parser.add_argument(
+        "--verbose",
+        action="store_true",
+        help="let the frameworks log as they like (by default their start-up chatter is hidden)",
+    )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     listing = commands.add_parser("devices", help="one table of devices and which framework sees each")
     listing.add_argument("--json", action="store_true", help="print JSON instead of a table")
-    listing.add_argument("--machine", action="store_true",
-                         help="only what the OS and NVML report (starts no framework)")
+    listing.add_argument(
+        "--machine", action="store_true", help="only what the OS and NVML report (starts no framework)"
+    )
     listing.set_defaults(run=_devices)
 
     checkup = commands.add_parser("doctor", help="check frameworks, devices, ONNX Runtime, CUDA")
@@ -54,11 +60,16 @@ def build_parser() -> argparse.ArgumentParser:
 
     check = commands.add_parser("parity", help="run the zoo on every backend against the numpy reference")
     check.add_argument("--models", nargs="+", default=None, metavar="NAME", help="zoo models (default: all)")
-    check.add_argument("--backends", nargs="+", default=None, metavar="NAME",
-                       help="backends to check (default: every installed one)")
+    check.add_argument(
+        "--backends", nargs="+", default=None, metavar="NAME", help="backends to check (default: every installed one)"
+    )
     check.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16"])
-    check.add_argument("--grads", action=argparse.BooleanOptionalAction, default=None,
-                       help="compare every parameter's gradient too (default: in float32 only)")
+    check.add_argument(
+        "--grads",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="compare every parameter's gradient too (default: in float32 only)",
+    )
     check.add_argument("--batch", type=int, default=4)
     form = check.add_mutually_exclusive_group()
     form.add_argument("--json", action="store_true", help="print JSON")
@@ -67,15 +78,26 @@ def build_parser() -> argparse.ArgumentParser:
 
     out = commands.add_parser("export", help="export a zoo model to ONNX, checked and verified")
     out.add_argument("model", metavar="MODEL", help="a zoo model name, or a .safetensors file from Model.save")
-    out.add_argument("--backend", required=True, choices=["torch", "tensorflow", "jax"],
-                     help="the framework whose exporter writes the model")
+    out.add_argument(
+        "--backend",
+        required=True,
+        choices=["torch", "tensorflow", "jax"],
+        help="the framework whose exporter writes the model",
+    )
     out.add_argument("--output", default=None, metavar="PATH", help="where to write it (default: MODEL.onnx)")
     out.add_argument("--opset", type=_opset, default=18, help="the ONNX opset to ask for (default: 18)")
     out.add_argument("--static-batch", action="store_true", help="fix the batch size (default: dynamic)")
-    out.add_argument("--dynamic-axis", action="append", default=[], metavar="AXIS=NAME", type=_named_axis,
-                     help="keep another axis of every input symbolic, e.g. 1=seq (repeatable)")
-    out.add_argument("--no-verify", action="store_true",
-                     help="skip comparing ONNX Runtime's outputs with the framework's")
+    out.add_argument(
+        "--dynamic-axis",
+        action="append",
+        default=[],
+        metavar="AXIS=NAME",
+        type=_named_axis,
+        help="keep another axis of every input symbolic, e.g. 1=seq (repeatable)",
+    )
+    out.add_argument(
+        "--no-verify", action="store_true", help="skip comparing ONNX Runtime's outputs with the framework's"
+    )
     out.add_argument("--batch", type=int, default=8, help="the example batch size (default: 8)")
     out.set_defaults(run=_export)
 
@@ -86,61 +108,102 @@ def build_parser() -> argparse.ArgumentParser:
     into.set_defaults(run=_convert)
 
     suite = commands.add_parser("conformance", help="run ONNX's node test suite on backends")
-    suite.add_argument("--backend", nargs="+", default=None, metavar="NAME",
-                       help="backends to run (default: every installed one, each in its own process)")
+    suite.add_argument(
+        "--backend",
+        nargs="+",
+        default=None,
+        metavar="NAME",
+        help="backends to run (default: every installed one, each in its own process)",
+    )
     suite.add_argument("--pattern", default=None, help="only tests whose name matches this regex")
-    suite.add_argument("--modules", nargs="+", default=None, metavar="MODULE",
-                       help="only build the tests of these files of onnx/backend/test/case/node "
-                            "(e.g. conv gemm): ONNX takes minutes to build all of them")
+    suite.add_argument(
+        "--modules",
+        nargs="+",
+        default=None,
+        metavar="MODULE",
+        help="only build the tests of these files of onnx/backend/test/case/node "
+        "(e.g. conv gemm): ONNX takes minutes to build all of them",
+    )
     suite.add_argument("--failures", action="store_true", help="list every test that did not pass, with why")
     suite.add_argument("--json", action="store_true", help="print JSON")
     suite.set_defaults(run=_conformance)
 
     server = commands.add_parser("serve", help="serve a model repository over KServe V2 (HTTP and gRPC)")
     server.add_argument("repository", help="REPO/<model>/<version>/model.onnx, Triton's layout")
-    server.add_argument("--host", default="127.0.0.1",
-                        help="address to bind (default: 127.0.0.1, this machine only)")
+    server.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1, this machine only)")
     server.add_argument("--port", type=int, default=8000, help="HTTP port (default 8000)")
     server.add_argument("--grpc-port", type=int, default=8001, help="gRPC port (default 8001; 0: no gRPC)")
     server.add_argument("--threads", type=int, default=None, help="ONNX Runtime intra-op threads per model")
-    server.add_argument("--exit-on-error", action=argparse.BooleanOptionalAction, default=True,
-                        help="exit when a model fails to load (default); --no-exit-on-error serves the others")
-    server.add_argument("--strict-readiness", action=argparse.BooleanOptionalAction, default=True,
-                        help="ready only when every model is (default)")
-    server.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"],
-                        help="what the server logs (default info: each model's load, failures with reasons)")
+    server.add_argument(
+        "--exit-on-error",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="exit when a model fails to load (default); --no-exit-on-error serves the others",
+    )
+    server.add_argument(
+        "--strict-readiness",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="ready only when every model is (default)",
+    )
+    server.add_argument(
+        "--log-level",
+        default="info",
+        choices=["debug", "info", "warning", "error"],
+        help="what the server logs (default info: each model's load, failures with reasons)",
+    )
     server.add_argument("--access-log", action="store_true", help="also log every HTTP request")
-    server.add_argument("--header-timeout", type=float, default=10.0,
-                        help="seconds a client has to send its request headers (default 10)")
+    server.add_argument(
+        "--header-timeout",
+        type=float,
+        default=10.0,
+        help="seconds a client has to send its request headers (default 10)",
+    )
     server.set_defaults(run=_serve)
 
-    sizing = commands.add_parser("estimate-memory", help="memory per device to train a zoo model: arithmetic "
-                                 "and the framework's own measurement, against the device or its limit")
+    sizing = commands.add_parser(
+        "estimate-memory",
+        help="memory per device to train a zoo model: arithmetic "
+        "and the framework's own measurement, against the device or its limit",
+    )
     sizing.add_argument("model", metavar="MODEL", help="a zoo model name (mlp, cnn, resnet, lstm, transformer)")
     sizing.add_argument("--batch", type=int, required=True, help="rows per device")
     sizing.add_argument("--optimizer", default="adam", choices=["sgd", "momentum", "adam", "adamw"])
-    sizing.add_argument("--precision", default="float32", type=_precision,
-                        help="float32, bfloat16 (bf16) or float16 (fp16)")
-    sizing.add_argument("--backend", default="jax", choices=["numpy", "torch", "jax", "tensorflow"],
-                        help="the framework that measures (default jax: XLA's memory_analysis)")
+    sizing.add_argument(
+        "--precision", default="float32", type=_precision, help="float32, bfloat16 (bf16) or float16 (fp16)"
+    )
+    sizing.add_argument(
+        "--backend",
+        default="jax",
+        choices=["numpy", "torch", "jax", "tensorflow"],
+        help="the framework that measures (default jax: XLA's memory_analysis)",
+    )
     sizing.add_argument("--device", default="cpu", help="the device to fit (default cpu)")
     sizing.add_argument("--json", action="store_true", help="print JSON")
     sizing.set_defaults(run=_estimate_memory)
 
-    starter = commands.add_parser("launch", help="start N training processes on torchrun's elastic agent, set up "
-                                  "for torch, JAX and TF")
+    starter = commands.add_parser(
+        "launch", help="start N training processes on torchrun's elastic agent, set up for torch, JAX and TF"
+    )
     starter.add_argument("--nproc-per-node", type=int, required=True, help="processes on this machine")
-    starter.add_argument("--nnodes", default="1", help="machines taking part: N, or MIN:MAX for an elastic run "
-                         "(default 1)")
-    starter.add_argument("--max-restarts", type=int, default=0,
-                         help="restart the group this many times when a worker fails (default 0)")
+    starter.add_argument(
+        "--nnodes", default="1", help="machines taking part: N, or MIN:MAX for an elastic run (default 1)"
+    )
+    starter.add_argument(
+        "--max-restarts", type=int, default=0, help="restart the group this many times when a worker fails (default 0)"
+    )
     starter.add_argument("--rdzv-backend", default="c10d", help="torchrun's rendezvous (default c10d)")
     starter.add_argument("--rdzv-id", default=None, help="the run's id, the same on every node")
     starter.add_argument("--node-rank", type=int, default=None, help="this machine's number (static rendezvous)")
-    starter.add_argument("--master-addr", default=None, help="node 0's address, the rendezvous endpoint "
-                         "(default 127.0.0.1)")
-    starter.add_argument("--master-port", type=int, default=None,
-                         help="the rendezvous port on node 0 (default: a free one, one node only)")
+    starter.add_argument(
+        "--master-addr", default=None, help="node 0's address, the rendezvous endpoint (default 127.0.0.1)"
+    )
+    starter.add_argument(
+        "--master-port",
+        type=int,
+        default=None,
+        help="the rendezvous port on node 0 (default: a free one, one node only)",
+    )
     starter.add_argument("--log-dir", default=None, help="write each rank's stdout and stderr under this folder")
     starter.add_argument("script", help="the training script")
     starter.add_argument("script_args", nargs=argparse.REMAINDER, help="its arguments")
@@ -180,10 +243,17 @@ def _with_framework_views(rows: list[Device], names: list[str]) -> list[Device]:
 
 
 def _as_dict(d: Device) -> dict:
-    return {"device": str(d), "kind": d.kind, "index": d.index, "name": d.name, "vendor": d.vendor,
-            "memory_total": d.memory_total, "memory_free": d.memory_free,
-            "compute_capability": list(d.compute_capability) if d.compute_capability else None,
-            "backends": list(d.backends)}
+    return {
+        "device": str(d),
+        "kind": d.kind,
+        "index": d.index,
+        "name": d.name,
+        "vendor": d.vendor,
+        "memory_total": d.memory_total,
+        "memory_free": d.memory_free,
+        "compute_capability": list(d.compute_capability) if d.compute_capability else None,
+        "backends": list(d.backends),
+    }
 
 
 def _parity(args: argparse.Namespace) -> int:
@@ -197,8 +267,7 @@ def _parity(args: argparse.Namespace) -> int:
         _registry.backend(name)
     report = ParityReport(dtype=args.dtype)
     for name in progress(names, "parity"):
-        report += parity(name, backends=args.backends, grads=args.grads, dtype=args.dtype,
-                         batch=args.batch)
+        report += parity(name, backends=args.backends, grads=args.grads, dtype=args.dtype, batch=args.batch)
     print(report.to_json() if args.json else report.to_markdown() if args.markdown else report)
     return 0 if report.ok else 1
 
@@ -219,8 +288,9 @@ def _opset(text: str) -> int:
 
     newest = onnx_opset_version()
     if not text.isdigit() or not 7 <= int(text) <= newest:
-        raise argparse.ArgumentTypeError(f"expected an ONNX opset from 7 to {newest} (the installed onnx's newest), "
-                                         f"got {text!r}")
+        raise argparse.ArgumentTypeError(
+            f"expected an ONNX opset from 7 to {newest} (the installed onnx's newest), got {text!r}"
+        )
     return int(text)
 
 
@@ -232,8 +302,14 @@ def _named_axis(text: str) -> tuple[int, str]:
 
 
 def _precision(text: str) -> str:
-    names = {"float32": "float32", "fp32": "float32", "bfloat16": "bfloat16", "bf16": "bfloat16",
-             "float16": "float16", "fp16": "float16"}
+    names = {
+        "float32": "float32",
+        "fp32": "float32",
+        "bfloat16": "bfloat16",
+        "bf16": "bfloat16",
+        "float16": "float16",
+        "fp16": "float16",
+    }
     if text not in names:
         raise argparse.ArgumentTypeError(f"expected float32, bfloat16 (bf16) or float16 (fp16), got {text!r}")
     return names[text]
@@ -243,8 +319,14 @@ def _estimate_memory(args: argparse.Namespace) -> int:
     from xdevice.training.memory import estimate_memory
 
     step(f"estimating {args.model} at batch {args.batch} on {args.backend}")
-    estimate = estimate_memory(args.model, batch=args.batch, optimizer=args.optimizer, precision=args.precision,
-                               backend=args.backend, device=args.device)
+    estimate = estimate_memory(
+        args.model,
+        batch=args.batch,
+        optimizer=args.optimizer,
+        precision=args.precision,
+        backend=args.backend,
+        device=args.device,
+    )
     print(json.dumps(estimate.as_dict(), indent=2) if args.json else estimate)
     return 0 if estimate.fits is not False else 1
 
@@ -260,9 +342,15 @@ def _export(args: argparse.Namespace) -> int:
     else:
         model, stem = models.build(args.model, backend=args.backend), args.model
     step(f"exporting {model.name} from {args.backend} and verifying it in ONNX Runtime")
-    result = export(model, args.output or f"{stem}.onnx", example_inputs=model.example_input(args.batch),
-                    opset=args.opset, dynamic_batch=not args.static_batch,
-                    dynamic_axes=dict(args.dynamic_axis), verify=not args.no_verify)
+    result = export(
+        model,
+        args.output or f"{stem}.onnx",
+        example_inputs=model.example_input(args.batch),
+        opset=args.opset,
+        dynamic_batch=not args.static_batch,
+        dynamic_axes=dict(args.dynamic_axis),
+        verify=not args.no_verify,
+    )
     print(f"{model.name}: {result}")
     return 0
 
@@ -289,9 +377,12 @@ def _conformance(args: argparse.Namespace) -> int:
         status = 0
         for name in progress(names, "conformance"):
             command = [sys.executable, "-m", "xdevice", "conformance", "--backend", name]
-            command += (["--pattern", args.pattern] if args.pattern else []) + \
-                (["--modules", *args.modules] if args.modules else []) + \
-                (["--failures"] if args.failures else []) + (["--json"] if args.json else [])
+            command += (
+                (["--pattern", args.pattern] if args.pattern else [])
+                + (["--modules", *args.modules] if args.modules else [])
+                + (["--failures"] if args.failures else [])
+                + (["--json"] if args.json else [])
+            )
             status |= subprocess.run(command).returncode
         return status
     from xdevice.converters.conformance import run_suite
@@ -299,8 +390,17 @@ def _conformance(args: argparse.Namespace) -> int:
     _registry.backend(names[0])
     outcome = run_suite(names[0], pattern=args.pattern, modules=args.modules)
     if args.json:
-        print(json.dumps({"backend": outcome.backend, "counts": outcome.counts, "seconds": outcome.seconds,
-                          "status": outcome.status, "reason": outcome.reason}))
+        print(
+            json.dumps(
+                {
+                    "backend": outcome.backend,
+                    "counts": outcome.counts,
+                    "seconds": outcome.seconds,
+                    "status": outcome.status,
+                    "reason": outcome.reason,
+                }
+            )
+        )
         return 0
     print(outcome.summary())
     if args.failures:
@@ -316,18 +416,37 @@ def _serve(args: argparse.Namespace) -> int:
     from xdevice.serving.server import serve
 
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    serve(args.repository, host=args.host, port=args.port, grpc_port=args.grpc_port, threads=args.threads,
-          exit_on_error=args.exit_on_error, strict_readiness=args.strict_readiness, access_log=args.access_log,
-          header_timeout=args.header_timeout, log_level=args.log_level)
+    serve(
+        args.repository,
+        host=args.host,
+        port=args.port,
+        grpc_port=args.grpc_port,
+        threads=args.threads,
+        exit_on_error=args.exit_on_error,
+        strict_readiness=args.strict_readiness,
+        access_log=args.access_log,
+        header_timeout=args.header_timeout,
+        log_level=args.log_level,
+    )
     return 0
 
 
 def _launch(args: argparse.Namespace) -> int:
     from xdevice.training.launch import launch
 
-    return launch(args.script, args.script_args, args.nproc_per_node, nnodes=args.nnodes, node_rank=args.node_rank,
-                  master_addr=args.master_addr, master_port=args.master_port, max_restarts=args.max_restarts,
-                  rdzv_backend=args.rdzv_backend, rdzv_id=args.rdzv_id, log_dir=args.log_dir)
+    return launch(
+        args.script,
+        args.script_args,
+        args.nproc_per_node,
+        nnodes=args.nnodes,
+        node_rank=args.node_rank,
+        master_addr=args.master_addr,
+        master_port=args.master_port,
+        max_restarts=args.max_restarts,
+        rdzv_backend=args.rdzv_backend,
+        rdzv_id=args.rdzv_id,
+        log_dir=args.log_dir,
+    )
 
 
 def _doctor(args: argparse.Namespace) -> int:

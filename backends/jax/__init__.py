@@ -30,5 +30,6 @@ def gpu_build() -> bool:
 def __getattr__(name: str):
     if name == "JaxBackend":  # the class loads the framework: only when asked for
         from xdevice.backends.jax.backend import JaxBackend
+
         return JaxBackend
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -9,8 +9,9 @@ import jax
 
 
 class Autodiff:
-    def value_and_grad(self, fn: Callable[..., Any], params: dict[str, Any], *args: Any,
-                       has_aux: bool = False) -> tuple[Any, dict[str, Any]]:
+    def value_and_grad(
+        self, fn: Callable[..., Any], params: dict[str, Any], *args: Any, has_aux: bool = False
+    ) -> tuple[Any, dict[str, Any]]:
         # a flat dict is a pytree: the gradient comes back under the same names
         return jax.value_and_grad(fn, has_aux=has_aux)(params, *args)
 

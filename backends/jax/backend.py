@@ -15,8 +15,11 @@ __all__ = ["JaxBackend"]
 class JaxBackend(Devices, Memory, Placement, Autodiff, Export, Replication, Backend):
     name = "jax"
     title = "JAX"
-    accepts = {"array": "jax.Array", "model": "a function, or an (apply_fn, params) pair of a pytree",
-               "device": "jax.Device"}
+    accepts = {
+        "array": "jax.Array",
+        "model": "a function, or an (apply_fn, params) pair of a pytree",
+        "device": "jax.Device",
+    }
     saved_format = ".jax"
     supports_memory_limit = True
     supports_preallocation = True

@@ -31,8 +31,9 @@ class Devices:
         native = list(jax.local_devices())  # this process's (under jax.distributed, not the others')
         if native[0].platform != "cpu":
             native += jax.local_devices(backend="cpu")
-        return [self.device_from_native(d).with_facts(name=d.device_kind if d.platform != "cpu" else "")
-                for d in native]
+        return [
+            self.device_from_native(d).with_facts(name=d.device_kind if d.platform != "cpu" else "") for d in native
+        ]
 
     def native_device(self, device: Device) -> jax.Device:
         found = _native.get(device)
@@ -60,11 +61,16 @@ class Devices:
         try:
             jax.config.update("jax_num_cpu_devices", config.cpu_devices)
         except RuntimeError as error:
-            raise ConfigurationError(message(
-                "JAX already started, so cpu_devices cannot change", received=str(error),
-                fix="call xdevice.configure(...) before the first JAX computation")) from error
-        return [Applied("jax", "cpu_devices", config.cpu_devices, "applied",
-                        f"jax_num_cpu_devices={config.cpu_devices}")]
+            raise ConfigurationError(
+                message(
+                    "JAX already started, so cpu_devices cannot change",
+                    received=str(error),
+                    fix="call xdevice.configure(...) before the first JAX computation",
+                )
+            ) from error
+        return [
+            Applied("jax", "cpu_devices", config.cpu_devices, "applied", f"jax_num_cpu_devices={config.cpu_devices}")
+        ]
 
 
 # both directions, remembered (a process's devices are fixed once JAX has started, which

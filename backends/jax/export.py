@@ -21,7 +21,14 @@ import numpy as np
 from jax import lax
 
 from xdevice.backends._common import (
-    Inputs, as_function, call_with, exporter_failed, flat_outputs, identifier, output_names, record_output_names,
+    Inputs,
+    as_function,
+    call_with,
+    exporter_failed,
+    flat_outputs,
+    identifier,
+    output_names,
+    record_output_names,
 )
 from xdevice.backends._shapes import as_tuple, pool_padding
 from xdevice.backends.jax.ops import JaxOps, _lowest
@@ -42,8 +49,9 @@ class ExportOps(JaxOps):
         size = np.shape(x)[axis]
         return jnp.take(x, jnp.where(indices < 0, indices + size, indices), axis=axis, mode="clip")
 
-    def max_pool(self, x: Any, window: Any, stride: Any = None, padding: Any = 0, dilation: Any = 1,
-                 ceil_mode: bool = False) -> Any:
+    def max_pool(
+        self, x: Any, window: Any, stride: Any = None, padding: Any = 0, dilation: Any = 1, ceil_mode: bool = False
+    ) -> Any:
         # jax2onnx lowers a reduce_window over (N, C, *spatial) to an ONNX MaxPool of rank
         # len(spatial) + 2, which ONNX Runtime cannot run beyond 3 spatial axes. Folding N and C
         # into one axis keeps the pool at len(spatial) + 1.
@@ -53,8 +61,15 @@ class ExportOps(JaxOps):
         stride = as_tuple(stride or window, dims)
         pads = pool_padding(padding, shape[2:], window, stride, dilation, ceil_mode)
         folded = jnp.reshape(x, (-1, *shape[2:]))
-        y = lax.reduce_window(folded, _lowest(x.dtype), lax.max, (1, *window), (1, *stride),
-                              ((0, 0), *pads), window_dilation=(1, *dilation))
+        y = lax.reduce_window(
+            folded,
+            _lowest(x.dtype),
+            lax.max,
+            (1, *window),
+            (1, *stride),
+            ((0, 0), *pads),
+            window_dilation=(1, *dilation),
+        )
         return jnp.reshape(y, (-1, shape[1], *np.shape(y)[1:]))
 
 
@@ -62,8 +77,7 @@ _EXPORT_OPS = ExportOps()
 
 
 class Export:
-    def export_onnx(self, target: Any, example_inputs: tuple[Any, ...], opset: int,
-                    axes: list[dict[int, str]]) -> Any:
+    def export_onnx(self, target: Any, example_inputs: tuple[Any, ...], opset: int, axes: list[dict[int, str]]) -> Any:
         from jax2onnx import to_onnx
 
         inputs = example_inputs if isinstance(example_inputs, Inputs) else Inputs.of(example_inputs)
@@ -79,10 +93,17 @@ class Export:
         bounds: list[str] = []
         while True:
             scope = jax.export.SymbolicScope(bounds)  # one symbol per name, shared by every input
-            specs = [jax.ShapeDtypeStruct(
-                jax.export.symbolic_shape(", ".join(found.get(a, str(size)) for a, size in enumerate(x.shape)),
-                                          scope=scope) if found else x.shape, x.dtype)
-                     for x, found in zip(inputs, axes)]
+            specs = [
+                jax.ShapeDtypeStruct(
+                    jax.export.symbolic_shape(
+                        ", ".join(found.get(a, str(size)) for a, size in enumerate(x.shape)), scope=scope
+                    )
+                    if found
+                    else x.shape,
+                    x.dtype,
+                )
+                for x, found in zip(inputs, axes)
+            ]
             try:
                 with warnings.catch_warnings():  # jax2onnx's own deprecation notices
                     warnings.simplefilter("ignore", DeprecationWarning)
@@ -94,14 +115,18 @@ class Export:
                 if found is not None and found not in bounds and len(bounds) <= 8:
                     bounds.append(found)
                     continue
-                raise exporter_failed("jax2onnx", error,
-                                      "a JAX primitive without a jax2onnx lowering: rewrite that "
-                                      "part with other jax.numpy / lax ops, or try another opset") from error
+                raise exporter_failed(
+                    "jax2onnx",
+                    error,
+                    "a JAX primitive without a jax2onnx lowering: rewrite that "
+                    "part with other jax.numpy / lax ops, or try another opset",
+                ) from error
         record_output_names(model, names)
         return model
 
-    def save_converted(self, imported: Any, specs: list[tuple[str, str, tuple]], examples: list[Any],
-                       path: os.PathLike, dynamic: bool) -> None:
+    def save_converted(
+        self, imported: Any, specs: list[tuple[str, str, tuple]], examples: list[Any], path: os.PathLike, dynamic: bool
+    ) -> None:
         def serve(*inputs):
             outputs = imported.apply(imported.params, *inputs)
             return outputs[0] if len(outputs) == 1 else outputs
@@ -110,11 +135,12 @@ class Export:
         while True:
             scope = jax.export.SymbolicScope(bounds)  # one scope: a name means one size across inputs
             args = []
-            for (_, dtype, shape), example in zip(specs, examples):
+            for (_, _dtype, shape), example in zip(specs, examples):
                 dims = example.shape
                 if dynamic and any(isinstance(d, str) for d in shape):
-                    dims = jax.export.symbolic_shape(", ".join(identifier(d) if isinstance(d, str) else str(d)
-                                                               for d in shape), scope=scope)
+                    dims = jax.export.symbolic_shape(
+                        ", ".join(identifier(d) if isinstance(d, str) else str(d) for d in shape), scope=scope
+                    )
                 args.append(jax.ShapeDtypeStruct(dims, example.dtype))
             try:
                 exported = jax.export.export(jax.jit(serve))(*args)

@@ -25,21 +25,39 @@ class Memory:
         entries = []
         if config.memory_growth is not None:
             os.environ["XLA_PYTHON_CLIENT_PREALLOCATE"] = "false" if config.memory_growth else "true"
-            entries.append(Applied("jax", "memory_growth", config.memory_growth, "applied",
-                                   f"XLA_PYTHON_CLIENT_PREALLOCATE={os.environ['XLA_PYTHON_CLIENT_PREALLOCATE']}"))
-        fractions = {g.index: config.limit_for(g) / g.memory_total
-                     for g in gpus if config.limit_for(g) is not None and g.memory_total}
+            entries.append(
+                Applied(
+                    "jax",
+                    "memory_growth",
+                    config.memory_growth,
+                    "applied",
+                    f"XLA_PYTHON_CLIENT_PREALLOCATE={os.environ['XLA_PYTHON_CLIENT_PREALLOCATE']}",
+                )
+            )
+        fractions = {
+            g.index: config.limit_for(g) / g.memory_total
+            for g in gpus
+            if config.limit_for(g) is not None and g.memory_total
+        }
         if fractions:
             if len({round(f, 4) for f in fractions.values()}) > 1:
-                entries.append(Applied("jax", "memory_limit", config.memory_limit, "unsupported",
-                                       "JAX has one memory fraction for all GPUs of a process"))
+                entries.append(
+                    Applied(
+                        "jax",
+                        "memory_limit",
+                        config.memory_limit,
+                        "unsupported",
+                        "JAX has one memory fraction for all GPUs of a process",
+                    )
+                )
                 return entries
             fraction = f"{min(1.0, next(iter(fractions.values()))):.4f}"
             for variable in _FRACTION_VARIABLES:
                 os.environ[variable] = fraction
             how = "enforced" if config.memory_growth else "pool"
-            entries.append(Applied("jax", "memory_limit", config.memory_limit, how,
-                                   f"XLA_CLIENT_MEM_FRACTION={fraction}"))
+            entries.append(
+                Applied("jax", "memory_limit", config.memory_limit, how, f"XLA_CLIENT_MEM_FRACTION={fraction}")
+            )
         return entries
 
     def memory_stats(self, device: Device) -> MemoryStats:
@@ -47,16 +65,25 @@ class Memory:
         if not stats:  # the CPU client keeps no allocator statistics
             return cpu_only_stats("jax", device)
         preallocated = os.environ.get("XLA_PYTHON_CLIENT_PREALLOCATE", "true").lower() != "false"
-        return MemoryStats(device, "jax", in_use=stats.get("bytes_in_use"),
-                           peak=stats.get("peak_bytes_in_use"), limit=stats.get("bytes_limit"),
-                           limit_how="pool" if preallocated else "enforced")
+        return MemoryStats(
+            device,
+            "jax",
+            in_use=stats.get("bytes_in_use"),
+            peak=stats.get("peak_bytes_in_use"),
+            limit=stats.get("bytes_limit"),
+            limit_how="pool" if preallocated else "enforced",
+        )
 
     def measure_step(self, step, args, device):
         # XLA's own accounting of the compiled step, on any device (the CPU too): nothing runs
         stats = step.lower(*args).compile().memory_analysis()
         if stats is None:
             return None
-        parts = {"arguments": stats.argument_size_in_bytes, "outputs": stats.output_size_in_bytes,
-                 "temporaries": stats.temp_size_in_bytes, "aliased": stats.alias_size_in_bytes}
+        parts = {
+            "arguments": stats.argument_size_in_bytes,
+            "outputs": stats.output_size_in_bytes,
+            "temporaries": stats.temp_size_in_bytes,
+            "aliased": stats.alias_size_in_bytes,
+        }
         parts["total"] = parts["arguments"] + parts["outputs"] + parts["temporaries"] - parts["aliased"]
         return "XLA's memory_analysis() of the compiled step", parts

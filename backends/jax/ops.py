@@ -42,8 +42,14 @@ def jax_dtype(name: str) -> np.dtype:
     except TypeError:
         dtype = None
     if dtype is None or dtype.name not in _DTYPE_NAMES:  # e.g. ONNX "string", complex
-        raise UnsupportedOp(message("The jax backend cannot hold this dtype", received=name,
-                                    choices=_DTYPE_NAMES, fix="cast to one of the listed dtypes first"))
+        raise UnsupportedOp(
+            message(
+                "The jax backend cannot hold this dtype",
+                received=name,
+                choices=_DTYPE_NAMES,
+                fix="cast to one of the listed dtypes first",
+            )
+        )
     return jax.dtypes.canonicalize_dtype(dtype)
 
 
@@ -76,12 +82,14 @@ def _nep50(x: Any, y: Any) -> tuple[Any, Any]:
 def _unary(fn: Callable) -> Callable:
     def op(self, x: Array) -> Array:
         return fn(x)
+
     return op
 
 
 def _binary(fn: Callable) -> Callable:
     def op(self, x: Array, y: Array) -> Array:
         return fn(*_nep50(x, y))
+
     return op
 
 
@@ -200,15 +208,32 @@ class JaxOps(Ops):
     def where(self, condition: Array, x: Array, y: Array) -> Array:
         return jnp.where(condition, *_nep50(x, y))
 
-    def while_loop(self, condition: Callable[[tuple, tuple], Array], body: Callable[[tuple, tuple], tuple],
-                   state: tuple, operands: tuple = ()) -> tuple:
-        return tuple(lax.while_loop(lambda s: jnp.reshape(condition(s, operands), ()).astype(bool),
-                                    lambda s: tuple(body(s, operands)), tuple(state)))
+    def while_loop(
+        self,
+        condition: Callable[[tuple, tuple], Array],
+        body: Callable[[tuple, tuple], tuple],
+        state: tuple,
+        operands: tuple = (),
+    ) -> tuple:
+        return tuple(
+            lax.while_loop(
+                lambda s: jnp.reshape(condition(s, operands), ()).astype(bool),
+                lambda s: tuple(body(s, operands)),
+                tuple(state),
+            )
+        )
 
-    def cond(self, predicate: Array, then: Callable[..., tuple], otherwise: Callable[..., tuple],
-             operands: tuple = ()) -> tuple:
-        return tuple(lax.cond(jnp.reshape(predicate, ()).astype(bool), lambda *o: tuple(then(*o)),
-                              lambda *o: tuple(otherwise(*o)), *operands))
+    def cond(
+        self, predicate: Array, then: Callable[..., tuple], otherwise: Callable[..., tuple], operands: tuple = ()
+    ) -> tuple:
+        return tuple(
+            lax.cond(
+                jnp.reshape(predicate, ()).astype(bool),
+                lambda *o: tuple(then(*o)),
+                lambda *o: tuple(otherwise(*o)),
+                *operands,
+            )
+        )
 
     # -- linear algebra -------------------------------------------------------------------
 
@@ -302,8 +327,14 @@ class JaxOps(Ops):
             return jnp.split(x, sections, axis=axis)
         return jnp.split(x, list(itertools.accumulate(sections[:-1])), axis=axis)
 
-    def slice(self, x: Array, starts: Sequence[int], stops: Sequence[int],
-              axes: Sequence[int] | None = None, steps: Sequence[int] | None = None) -> Array:
+    def slice(
+        self,
+        x: Array,
+        starts: Sequence[int],
+        stops: Sequence[int],
+        axes: Sequence[int] | None = None,
+        steps: Sequence[int] | None = None,
+    ) -> Array:
         # Python slices on a static shape: clamping and negative steps resolve at trace time
         return jnp.asarray(x)[slice_index(jnp.ndim(x), starts, stops, axes, steps)]
 
@@ -318,11 +349,9 @@ class JaxOps(Ops):
         return jnp.take(x, jnp.asarray(indices), axis=axis, mode="wrap")
 
     def take_along_axis(self, x: Array, indices: Array, axis: int) -> Array:
-        return jnp.take_along_axis(x, jnp.asarray(indices), axis=axis, mode="clip",
-                                   wrap_negative_indices=True)
+        return jnp.take_along_axis(x, jnp.asarray(indices), axis=axis, mode="clip", wrap_negative_indices=True)
 
-    def scatter(self, x: Array, indices: Array, updates: Array, axis: int = 0,
-                reduction: str = "none") -> Array:
+    def scatter(self, x: Array, indices: Array, updates: Array, axis: int = 0, reduction: str = "none") -> Array:
         x = jnp.asarray(x)
         axis = axis % x.ndim
         index = jnp.asarray(indices)
@@ -334,12 +363,10 @@ class JaxOps(Ops):
         if reduction == "none":  # .at[].set leaves the winner among duplicates open
             return self.scatter_last_wins(x, index, updates, axis)
         if reduction not in _SCATTER:
-            raise UnsupportedOp(message("Unknown scatter reduction", received=reduction,
-                                        choices=["none", *_SCATTER]))
+            raise UnsupportedOp(message("Unknown scatter reduction", received=reduction, choices=["none", *_SCATTER]))
         return getattr(x.at[target], _SCATTER[reduction])(updates)
 
-    def pad(self, x: Array, pad_width: Sequence[tuple[int, int]], mode: str = "constant",
-            value: float = 0) -> Array:
+    def pad(self, x: Array, pad_width: Sequence[tuple[int, int]], mode: str = "constant", value: float = 0) -> Array:
         pad_width = [tuple(p) for p in pad_width]
         if mode == "constant":
             return jnp.pad(x, pad_width, mode="constant", constant_values=value)
@@ -355,8 +382,16 @@ class JaxOps(Ops):
 
     # -- neural network -------------------------------------------------------------------
 
-    def conv(self, x: Array, w: Array, b: Array | None = None, stride: int | Sequence[int] = 1,
-             padding: Any = 0, dilation: int | Sequence[int] = 1, groups: int = 1) -> Array:
+    def conv(
+        self,
+        x: Array,
+        w: Array,
+        b: Array | None = None,
+        stride: int | Sequence[int] = 1,
+        padding: Any = 0,
+        dilation: int | Sequence[int] = 1,
+        groups: int = 1,
+    ) -> Array:
         dims = jnp.ndim(w) - 2
         pads = conv_padding(padding, self.shape(x)[2:], self.shape(w)[2:], stride, dilation)
         stride, dilation = as_tuple(stride, dims), as_tuple(dilation, dims)
@@ -367,8 +402,15 @@ class JaxOps(Ops):
             y = lax.conv_general_dilated(x, w, stride, pads, rhs_dilation=dilation, feature_group_count=groups)
         return y if b is None else y + jnp.reshape(b, (1, -1) + (1,) * dims)
 
-    def max_pool(self, x: Array, window: int | Sequence[int], stride: int | Sequence[int] | None = None,
-                 padding: Any = 0, dilation: int | Sequence[int] = 1, ceil_mode: bool = False) -> Array:
+    def max_pool(
+        self,
+        x: Array,
+        window: int | Sequence[int],
+        stride: int | Sequence[int] | None = None,
+        padding: Any = 0,
+        dilation: int | Sequence[int] = 1,
+        ceil_mode: bool = False,
+    ) -> Array:
         dims = jnp.ndim(x) - 2
         window = as_tuple(window, dims)
         stride = as_tuple(stride or window, dims)
@@ -379,15 +421,23 @@ class JaxOps(Ops):
             return lax.reduce_window(x, _lowest(x.dtype), lax.max, *geometry[:3])
         return _dilated_max_pool(x, geometry)
 
-    def avg_pool(self, x: Array, window: int | Sequence[int], stride: int | Sequence[int] | None = None,
-                 padding: Any = 0, count_include_pad: bool = False, ceil_mode: bool = False) -> Array:
+    def avg_pool(
+        self,
+        x: Array,
+        window: int | Sequence[int],
+        stride: int | Sequence[int] | None = None,
+        padding: Any = 0,
+        count_include_pad: bool = False,
+        ceil_mode: bool = False,
+    ) -> Array:
         dims = jnp.ndim(x) - 2
         window = as_tuple(window, dims)
         stride = as_tuple(stride or window, dims)
         spatial = self.shape(x)[2:]
         pads = pool_padding(padding, spatial, window, stride, (1,) * dims, ceil_mode)
-        total = lax.reduce_window(x, np.asarray(0, x.dtype), lax.add, (1, 1, *window), (1, 1, *stride),
-                                  ((0, 0), (0, 0), *pads))
+        total = lax.reduce_window(
+            x, np.asarray(0, x.dtype), lax.add, (1, 1, *window), (1, 1, *stride), ((0, 0), (0, 0), *pads)
+        )
         # the divisors depend on shapes only: a numpy constant baked into the trace
         counts = pool_counts(spatial, pads, window, stride, count_include_pad, padding)
         return (total / np.asarray(counts, x.dtype)).astype(x.dtype)
@@ -396,8 +446,7 @@ class JaxOps(Ops):
     # Each step runs the op set's own cell. Hoisting the input projection out of the loop
     # (one big matmul, as the opset's lstm does) measured 1.5-2x slower forward on XLA:CPU.
 
-    def lstm(self, x: Array, h: Array, c: Array, w_ih: Array, w_hh: Array, b: Array
-             ) -> tuple[Array, Array, Array]:
+    def lstm(self, x: Array, h: Array, c: Array, w_ih: Array, w_hh: Array, b: Array) -> tuple[Array, Array, Array]:
         def step(carry, x_t):
             h, c = self.lstm_cell(x_t, *carry, w_ih, w_hh, b)
             return (h, c), h
@@ -405,8 +454,7 @@ class JaxOps(Ops):
         (h, c), outputs = lax.scan(step, (h, c), jnp.swapaxes(x, 0, 1))
         return jnp.swapaxes(outputs, 0, 1), h, c
 
-    def gru(self, x: Array, h: Array, w_ih: Array, w_hh: Array, b_ih: Array, b_hh: Array
-            ) -> tuple[Array, Array]:
+    def gru(self, x: Array, h: Array, w_ih: Array, w_hh: Array, b_ih: Array, b_hh: Array) -> tuple[Array, Array]:
         def step(h, x_t):
             h = self.gru_cell(x_t, h, w_ih, w_hh, b_ih, b_hh)
             return h, h
@@ -460,8 +508,15 @@ def _dilated_max_pool_forward(x: Any, geometry: tuple) -> tuple[Any, tuple]:
         take_b = (b[0] > a[0]) | ((b[0] == a[0]) & (b[1] < a[1]))
         return jnp.where(take_b, b[0], a[0]), jnp.where(take_b, b[1], a[1])
 
-    values, where = lax.reduce_window((x, positions), (_lowest(x.dtype), np.int32(x.size)), first_max,
-                                      window, strides, padding, window_dilation=dilation)
+    values, where = lax.reduce_window(
+        (x, positions),
+        (_lowest(x.dtype), np.int32(x.size)),
+        first_max,
+        window,
+        strides,
+        padding,
+        window_dilation=dilation,
+    )
     return values, (where, x.shape)
 
 

@@ -30,10 +30,14 @@ class Placement:
     def device_of(self, x: Any) -> Device:
         held = list(x.devices())
         if len(held) != 1:
-            raise ConversionError(message(
-                "This JAX array is sharded over several devices", expected="a single-device array",
-                received=sorted(str(self.device_from_native(d)) for d in held),
-                fix="read x.sharding, or take one shard: x.addressable_shards[0].data"))
+            raise ConversionError(
+                message(
+                    "This JAX array is sharded over several devices",
+                    expected="a single-device array",
+                    received=sorted(str(self.device_from_native(d)) for d in held),
+                    fix="read x.sharding, or take one shard: x.addressable_shards[0].data",
+                )
+            )
         return self.device_from_native(held[0])
 
     def to_device(self, x: Any, device: Device) -> Any:

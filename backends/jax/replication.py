@@ -47,10 +47,14 @@ class Replicas(training.Replicas):
     def place_batch(self, x: Any, y: Any) -> tuple[Any, Any]:
         rows = x.shape[0]
         if rows % self.count:
-            raise ConfigurationError(message(
-                f"A batch of {rows} rows cannot be split evenly over {self.count} devices",
-                expected=f"a multiple of {self.count}", received=rows,
-                fix="choose batch_size as a multiple of the device count, and drop_last for the remainder"))
+            raise ConfigurationError(
+                message(
+                    f"A batch of {rows} rows cannot be split evenly over {self.count} devices",
+                    expected=f"a multiple of {self.count}",
+                    received=rows,
+                    fix="choose batch_size as a multiple of the device count, and drop_last for the remainder",
+                )
+            )
         if self.processes:
             x, y = np.asarray(x), np.asarray(y)
         return jax.device_put(x, self.split), jax.device_put(y, self.split)
@@ -64,18 +68,26 @@ class Replication:
         if jax.distributed.is_initialized():
             return
         if COORDINATOR not in os.environ:
-            raise ConfigurationError(message(
-                "JAX needs a coordinator address to join the other processes",
-                expected=f"{COORDINATOR}=host:port (xdevice launch sets it)", received="unset",
-                fix="start the script with xdevice launch, or call jax.distributed.initialize(...) yourself"))
+            raise ConfigurationError(
+                message(
+                    "JAX needs a coordinator address to join the other processes",
+                    expected=f"{COORDINATOR}=host:port (xdevice launch sets it)",
+                    received="unset",
+                    fix="start the script with xdevice launch, or call jax.distributed.initialize(...) yourself",
+                )
+            )
         rank, size = world()
         try:
             jax.distributed.initialize(os.environ[COORDINATOR], num_processes=size, process_id=rank)
         except RuntimeError as error:
-            raise ConfigurationError(message(
-                "JAX could not join the launched processes", received=str(error),
-                fix="call xdevice.join_processes('jax') at the top of the script, before anything computes "
-                    "with JAX (building a model does)")) from error
+            raise ConfigurationError(
+                message(
+                    "JAX could not join the launched processes",
+                    received=str(error),
+                    fix="call xdevice.join_processes('jax') at the top of the script, before anything computes "
+                    "with JAX (building a model does)",
+                )
+            ) from error
 
     def process_replicas(self) -> Replicas:
         self.join_processes()

@@ -21,10 +21,12 @@ class PairProgram(Program):
     def __init__(self, backend: Any, apply: Any, params: dict, device: Device | None):
         flat = _flatten(params)
         first = next(iter(jax.tree_util.tree_leaves(params)))  # numpy leaves: JAX's default device
-        where = device or find(first.devices().pop() if hasattr(first, "devices") else jax.local_devices()[0],
-                               backend="jax")
-        super().__init__("jax", where, {k: backend.to_device(backend.ops.asarray(v), where)
-                                        for k, v in flat.items()}, {})
+        where = device or find(
+            first.devices().pop() if hasattr(first, "devices") else jax.local_devices()[0], backend="jax"
+        )
+        super().__init__(
+            "jax", where, {k: backend.to_device(backend.ops.asarray(v), where) for k, v in flat.items()}, {}
+        )
         self.apply, self.nested = apply, _is_nested(params)
 
     def run(self, params, buffers, x, train):
@@ -37,10 +39,14 @@ class PairProgram(Program):
 def program(backend: Any, model: Any, device: Device | None) -> Program:
     """The program of an ``(apply, params)`` pair, ``params`` a (nested) dict of arrays."""
     if not (isinstance(model, tuple) and len(model) == 2 and isinstance(model[1], dict)):
-        raise ConfigurationError(message(
-            "A JAX model trains as an (apply, params) pair", received=type(model).__qualname__,
-            expected="(apply, params) with params a dict (nested dicts allowed) of arrays",
-            fix="pass (apply_fn, params): the trainer hands back a new pair"))
+        raise ConfigurationError(
+            message(
+                "A JAX model trains as an (apply, params) pair",
+                received=type(model).__qualname__,
+                expected="(apply, params) with params a dict (nested dicts allowed) of arrays",
+                fix="pass (apply_fn, params): the trainer hands back a new pair",
+            )
+        )
     return PairProgram(backend, model[0], model[1], device)
 
 

@@ -7,5 +7,6 @@ Importing this package imports nothing; ``NumpyBackend`` (``backend.py``) import
 def __getattr__(name: str):
     if name == "NumpyBackend":  # the class loads the framework: only when asked for
         from xdevice.backends.numpy.backend import NumpyBackend
+
         return NumpyBackend
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

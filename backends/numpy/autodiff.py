@@ -46,18 +46,41 @@ class Var:
         return f"Var({self.value!r})"
 
     # Python operators, so model code may write x @ w + b on every backend
-    def __add__(self, other): return _OPS.add(self, other)
-    def __radd__(self, other): return _OPS.add(other, self)
-    def __sub__(self, other): return _OPS.subtract(self, other)
-    def __rsub__(self, other): return _OPS.subtract(other, self)
-    def __mul__(self, other): return _OPS.multiply(self, other)
-    def __rmul__(self, other): return _OPS.multiply(other, self)
-    def __truediv__(self, other): return _OPS.divide(self, other)
-    def __rtruediv__(self, other): return _OPS.divide(other, self)
-    def __matmul__(self, other): return _OPS.matmul(self, other)
-    def __rmatmul__(self, other): return _OPS.matmul(other, self)
-    def __pow__(self, other): return _OPS.power(self, other)
-    def __neg__(self): return _OPS.negative(self)
+    def __add__(self, other):
+        return _OPS.add(self, other)
+
+    def __radd__(self, other):
+        return _OPS.add(other, self)
+
+    def __sub__(self, other):
+        return _OPS.subtract(self, other)
+
+    def __rsub__(self, other):
+        return _OPS.subtract(other, self)
+
+    def __mul__(self, other):
+        return _OPS.multiply(self, other)
+
+    def __rmul__(self, other):
+        return _OPS.multiply(other, self)
+
+    def __truediv__(self, other):
+        return _OPS.divide(self, other)
+
+    def __rtruediv__(self, other):
+        return _OPS.divide(other, self)
+
+    def __matmul__(self, other):
+        return _OPS.matmul(self, other)
+
+    def __rmatmul__(self, other):
+        return _OPS.matmul(other, self)
+
+    def __pow__(self, other):
+        return _OPS.power(self, other)
+
+    def __neg__(self):
+        return _OPS.negative(self)
 
 
 def _raw(x: Any) -> Any:
@@ -69,8 +92,9 @@ def _raw(x: Any) -> Any:
 
 
 def _has_var(args: tuple) -> bool:
-    return any(isinstance(a, Var) or (isinstance(a, (list, tuple)) and any(isinstance(v, Var) for v in a))
-               for a in args)
+    return any(
+        isinstance(a, Var) or (isinstance(a, (list, tuple)) and any(isinstance(v, Var) for v in a)) for a in args
+    )
 
 
 def _taped(name: str, rule: Callable | None) -> Callable:
@@ -95,6 +119,7 @@ def _taped(name: str, rule: Callable | None) -> Callable:
 
 # -- vector-Jacobian rules: rule(g, out, *inputs) -> one gradient per input -----------------
 
+
 def _unbroadcast(g: np.ndarray, shape: tuple) -> np.ndarray:
     g = np.asarray(g)
     while g.ndim > len(shape):
@@ -110,8 +135,7 @@ def _shape(x: Any) -> tuple:
 
 
 def _binary(dx: Callable, dy: Callable) -> Callable:
-    return lambda g, out, x, y: (_unbroadcast(dx(g, out, x, y), _shape(x)),
-                                 _unbroadcast(dy(g, out, x, y), _shape(y)))
+    return lambda g, out, x, y: (_unbroadcast(dx(g, out, x, y), _shape(x)), _unbroadcast(dy(g, out, x, y), _shape(y)))
 
 
 def _expand(g: np.ndarray, shape: tuple, axis, keepdims: bool) -> np.ndarray:
@@ -158,11 +182,11 @@ def _expand_ellipsis(equation: str, operands) -> tuple[list[str], str]:
     specs = inputs.split(",")
     used = set(equation)
     spare = iter(c for c in "ABCDEFGHIJKLMNOPQRSTUVWXYZ" if c not in used)
-    width = max((np.ndim(op) - len(s.replace("...", "")) for s, op in zip(specs, operands) if "..." in s),
-                default=0)
+    width = max((np.ndim(op) - len(s.replace("...", "")) for s, op in zip(specs, operands) if "..." in s), default=0)
     fill = "".join(next(spare) for _ in range(width))
-    specs = [s.replace("...", fill[width - (np.ndim(op) - len(s.replace("...", ""))):]) for s, op in
-             zip(specs, operands)]
+    specs = [
+        s.replace("...", fill[width - (np.ndim(op) - len(s.replace("...", ""))) :]) for s, op in zip(specs, operands)
+    ]
     return specs, output.replace("...", fill)
 
 
@@ -171,8 +195,7 @@ def _einsum(g, out, equation, *operands):
     grads: list = [None]
     for i, (spec, operand) in enumerate(zip(specs, operands)):
         if len(set(spec)) != len(spec):
-            raise XDeviceError(message("The numpy tape cannot differentiate einsum diagonals",
-                                       received=equation))
+            raise XDeviceError(message("The numpy tape cannot differentiate einsum diagonals", received=equation))
         others = [(s, o) for j, (s, o) in enumerate(zip(specs, operands)) if j != i]
         present = set(output).union(*[set(s) for s, _ in others]) if others else set(output)
         missing = "".join(c for c in spec if c not in present)
@@ -205,9 +228,15 @@ def _take(g, out, x, indices, axis=0):
     grad = np.zeros(np.shape(x), dtype=g.dtype)
     index = np.asarray(indices)
     moved = np.moveaxis(grad, axis, 0)
-    g_moved = np.moveaxis(g, axis, 0) if index.ndim == 1 else \
-        np.moveaxis(g.reshape(g.shape[:axis % grad.ndim] + index.shape + g.shape[axis % grad.ndim + index.ndim:]),
-                    tuple(range(axis % grad.ndim, axis % grad.ndim + index.ndim)), tuple(range(index.ndim)))
+    g_moved = (
+        np.moveaxis(g, axis, 0)
+        if index.ndim == 1
+        else np.moveaxis(
+            g.reshape(g.shape[: axis % grad.ndim] + index.shape + g.shape[axis % grad.ndim + index.ndim :]),
+            tuple(range(axis % grad.ndim, axis % grad.ndim + index.ndim)),
+            tuple(range(index.ndim)),
+        )
+    )
     np.add.at(moved, index % np.shape(x)[axis] if index.size else index, g_moved)
     return (grad, None)
 
@@ -218,8 +247,7 @@ def _take_along_axis(g, out, x, indices, axis):
     index = np.broadcast_to(np.asarray(indices).astype(np.int64) % shape[axis], g.shape)
     # indices and x broadcast against each other off the axis: map each output position
     # back to the x element it read (a size-1 dim of x is read at 0)
-    grids = [np.broadcast_to(grid % size, g.shape) for grid, size in
-             zip(np.indices(g.shape, sparse=True), shape)]
+    grids = [np.broadcast_to(grid % size, g.shape) for grid, size in zip(np.indices(g.shape, sparse=True), shape)]
     grids[axis % len(shape)] = index
     np.add.at(grad, tuple(grids), g)
     return (grad, None)
@@ -257,11 +285,11 @@ def _scatter_windows(cols: np.ndarray, padded_shape, window, stride, dilation) -
     """Adjoint of ``windows``: add each window's values back where they came from."""
     out = np.zeros(padded_shape, dtype=cols.dtype)
     dims = len(window)
-    out_size = cols.shape[2:2 + dims]
+    out_size = cols.shape[2 : 2 + dims]
     for offset in np.ndindex(*window):
         target = (slice(None), slice(None)) + tuple(
-            slice(o * d, o * d + (n - 1) * s + 1, s)
-            for o, d, n, s in zip(offset, dilation, out_size, stride))
+            slice(o * d, o * d + (n - 1) * s + 1, s) for o, d, n, s in zip(offset, dilation, out_size, stride)
+        )
         out[target] += cols[(Ellipsis,) + offset]
     return out
 
@@ -294,7 +322,7 @@ def _max_pool(g, out, x, window, stride=None, padding=0, dilation=1, ceil_mode=F
     pads = pool_padding(padding, x.shape[2:], window, stride, dilation, ceil_mode)
     padded = np.pad(x, [(0, 0), (0, 0), *pads], constant_values=-np.inf)
     cols = windows(padded, window, stride, dilation)
-    flat = cols.reshape(*cols.shape[:2 + dims], -1)
+    flat = cols.reshape(*cols.shape[: 2 + dims], -1)
     first = np.argmax(flat, axis=-1)  # the first maximum takes the gradient, as in PyTorch
     chosen = np.zeros_like(flat)
     np.put_along_axis(chosen, first[..., None], g[..., None], axis=-1)
@@ -317,7 +345,7 @@ def _avg_pool(g, out, x, window, stride=None, padding=0, count_include_pad=False
 def _gelu(g, out, x, approximate=False):
     if approximate:
         c = math.sqrt(2 / math.pi)
-        inner = c * (x + 0.044715 * x ** 3)
+        inner = c * (x + 0.044715 * x**3)
         t = np.tanh(inner)
         return (g * (0.5 * (1 + t) + 0.5 * x * (1 - t * t) * c * (1 + 3 * 0.044715 * x * x)),)
     cdf = 0.5 * (1 + _OPS.erf(x / math.sqrt(2)))
@@ -354,8 +382,9 @@ def _scatter(g, out, x, indices, updates, axis=0, reduction="none"):
         return gx, None, _unbroadcast(gu, np.shape(updates))
     if reduction == "add":
         return g, None, _unbroadcast(g[target], np.shape(updates))
-    raise XDeviceError(message("The numpy tape differentiates scatter with reduction none or add only",
-                               received=reduction))
+    raise XDeviceError(
+        message("The numpy tape differentiates scatter with reduction none or add only", received=reduction)
+    )
 
 
 def _det(g, out, x):
@@ -396,19 +425,28 @@ RULES: dict[str, Callable | None] = {
     "subtract": _binary(lambda g, o, x, y: g, lambda g, o, x, y: -g),
     "multiply": _binary(lambda g, o, x, y: g * y, lambda g, o, x, y: g * x),
     "divide": _binary(lambda g, o, x, y: g / y, lambda g, o, x, y: -g * x / (np.asarray(y) ** 2)),
-    "power": _binary(lambda g, o, x, y: g * y * np.power(x, np.asarray(y) - 1),
-                     lambda g, o, x, y: g * o * np.log(np.where(np.asarray(x) > 0, x, 1))),
-    "maximum": _binary(lambda g, o, x, y: g * ((x > y) + 0.5 * (x == y)),
-                       lambda g, o, x, y: g * ((y > x) + 0.5 * (x == y))),
-    "minimum": _binary(lambda g, o, x, y: g * ((x < y) + 0.5 * (x == y)),
-                       lambda g, o, x, y: g * ((y < x) + 0.5 * (x == y))),
+    "power": _binary(
+        lambda g, o, x, y: g * y * np.power(x, np.asarray(y) - 1),
+        lambda g, o, x, y: g * o * np.log(np.where(np.asarray(x) > 0, x, 1)),
+    ),
+    "maximum": _binary(
+        lambda g, o, x, y: g * ((x > y) + 0.5 * (x == y)), lambda g, o, x, y: g * ((y > x) + 0.5 * (x == y))
+    ),
+    "minimum": _binary(
+        lambda g, o, x, y: g * ((x < y) + 0.5 * (x == y)), lambda g, o, x, y: g * ((y < x) + 0.5 * (x == y))
+    ),
     "mod": _binary(lambda g, o, x, y: g, lambda g, o, x, y: -g * np.floor_divide(x, y)),
-    "where": lambda g, out, c, x, y: (None, _unbroadcast(g * c, _shape(x)), _unbroadcast(g * ~np.asarray(c), _shape(y))),
+    "where": lambda g, out, c, x, y: (
+        None,
+        _unbroadcast(g * c, _shape(x)),
+        _unbroadcast(g * ~np.asarray(c), _shape(y)),
+    ),
     "matmul": _matmul,
     "einsum": _einsum,
     "sum": lambda g, out, x, axis=None, keepdims=False: (_expand(g, x.shape, axis, keepdims),),
-    "mean": lambda g, out, x, axis=None, keepdims=False: (_expand(g, x.shape, axis, keepdims)
-                                                          / _reduce_count(x.shape, axis),),
+    "mean": lambda g, out, x, axis=None, keepdims=False: (
+        _expand(g, x.shape, axis, keepdims) / _reduce_count(x.shape, axis),
+    ),
     "max": _extreme,
     "min": _extreme,
     "prod": lambda g, out, x, axis=None, keepdims=False: (_expand(g * out, x.shape, axis, keepdims) / x,),
@@ -432,10 +470,34 @@ RULES: dict[str, Callable | None] = {
     "avg_pool": _avg_pool,
 }
 #: Primitives with no gradient (integer, boolean, rounding or index results).
-NO_GRADIENT = ("sign", "floor", "ceil", "round", "logical_not", "isnan", "isinf", "stop_gradient",
-               "floor_divide", "logical_and", "logical_or", "logical_xor", "bitwise_and", "bitwise_or",
-               "bitwise_xor", "left_shift", "right_shift", "equal", "not_equal", "less", "less_equal",
-               "greater", "greater_equal", "argmax", "argmin", "bitwise_not")
+NO_GRADIENT = (
+    "sign",
+    "floor",
+    "ceil",
+    "round",
+    "logical_not",
+    "isnan",
+    "isinf",
+    "stop_gradient",
+    "floor_divide",
+    "logical_and",
+    "logical_or",
+    "logical_xor",
+    "bitwise_and",
+    "bitwise_or",
+    "bitwise_xor",
+    "left_shift",
+    "right_shift",
+    "equal",
+    "not_equal",
+    "less",
+    "less_equal",
+    "greater",
+    "greater_equal",
+    "argmax",
+    "argmin",
+    "bitwise_not",
+)
 
 
 # -- kinks: where a gradient jumps ------------------------------------------------------------
@@ -484,7 +546,7 @@ def _top_two_gap(x, window, stride=None, padding=0, dilation=1, ceil_mode=False)
     stride, dilation = as_tuple(stride or window, dims), as_tuple(dilation, dims)
     pads = pool_padding(padding, np.shape(x)[2:], window, stride, dilation, ceil_mode)
     cols = windows(np.pad(x, [(0, 0), (0, 0), *pads], constant_values=-np.inf), window, stride, dilation)
-    flat = np.sort(cols.reshape(*cols.shape[:2 + dims], -1), axis=-1)
+    flat = np.sort(cols.reshape(*cols.shape[: 2 + dims], -1), axis=-1)
     gap = flat[..., -1] - flat[..., -2] if flat.shape[-1] > 1 else np.full(flat.shape[:-1], np.inf)
     # an exact tie (ReLU zeros, say) is exact in every framework too: only near-ties can flip
     return np.where(np.isfinite(gap) & (gap > 0), gap, np.inf), np.where(np.isfinite(x), x, 0)
@@ -537,8 +599,9 @@ _OPS = TapedOps()
 
 
 class Autodiff:
-    def value_and_grad(self, fn: Callable[..., Any], params: dict[str, Any], *args: Any,
-                       has_aux: bool = False) -> tuple[Any, dict[str, Any]]:
+    def value_and_grad(
+        self, fn: Callable[..., Any], params: dict[str, Any], *args: Any, has_aux: bool = False
+    ) -> tuple[Any, dict[str, Any]]:
         leaves = {name: Var(np.asarray(value)) for name, value in params.items()}
         out = fn(leaves, *args)
         out, aux = out if has_aux else (out, None)
@@ -587,8 +650,11 @@ def _backward(out: Var) -> dict[int, np.ndarray]:
 
 
 def _accumulate(grads: dict, var: Var, grad) -> None:
-    grad = np.asarray(grad, dtype=var.value.dtype).reshape(var.shape) if np.size(grad) == var.value.size \
+    grad = (
+        np.asarray(grad, dtype=var.value.dtype).reshape(var.shape)
+        if np.size(grad) == var.value.size
         else np.broadcast_to(grad, var.shape).astype(var.value.dtype)
+    )
     grads[id(var)] = grads[id(var)] + grad if id(var) in grads else grad
 
 

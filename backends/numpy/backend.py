@@ -13,8 +13,11 @@ __all__ = ["NumpyBackend"]
 class NumpyBackend(Devices, Memory, Placement, Autodiff, Export, Backend):
     name = "numpy"
     title = "NumPy"
-    accepts = {"array": "numpy.ndarray", "model": "(none: a zoo model's (apply_fn, params))",
-               "device": "(none: only 'cpu:0')"}
+    accepts = {
+        "array": "numpy.ndarray",
+        "model": "(none: a zoo model's (apply_fn, params))",
+        "device": "(none: only 'cpu:0')",
+    }
     supports_gpu = False
     supports_bfloat16 = False  # ml_dtypes' bfloat16 computes through a slow scalar path
     has_default_device = False  # numpy arrays always live in host memory

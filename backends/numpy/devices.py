@@ -29,5 +29,12 @@ class Devices:
     def configure_devices(self, config: Config) -> list[Applied]:
         if config.cpu_devices is None:
             return []
-        return [Applied("numpy", "cpu_devices", config.cpu_devices, "unsupported",
-                        "the numpy reference backend has a single CPU device")]
+        return [
+            Applied(
+                "numpy",
+                "cpu_devices",
+                config.cpu_devices,
+                "unsupported",
+                "the numpy reference backend has a single CPU device",
+            )
+        ]

@@ -15,15 +15,19 @@ __all__ = ["Export"]
 
 
 class Export:
-    def export_onnx(self, target: Any, example_inputs: tuple[Any, ...], opset: int,
-                    axes: list[dict[int, str]]) -> Any:
+    def export_onnx(self, target: Any, example_inputs: tuple[Any, ...], opset: int, axes: list[dict[int, str]]) -> Any:
         from xdevice import _registry
 
         able = [name for name in _registry.backends() if name != "numpy"]
-        raise ConversionError(message(
-            "numpy has no ONNX exporter: export from a framework backend",
-            expected="a model on torch, tensorflow or jax", received="numpy", choices=able,
-            fix=f"export(model, backend={able[0] if able else 'torch'!r}) moves a zoo model there first"))
+        raise ConversionError(
+            message(
+                "numpy has no ONNX exporter: export from a framework backend",
+                expected="a model on torch, tensorflow or jax",
+                received="numpy",
+                choices=able,
+                fix=f"export(model, backend={able[0] if able else 'torch'!r}) moves a zoo model there first",
+            )
+        )
 
     def native_outputs(self, target: Any, inputs: tuple[Any, ...]) -> list[Any]:
         return [self.ops.to_numpy(y) for y in flat_outputs(as_function(target)(*inputs))]

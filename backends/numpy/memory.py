@@ -9,8 +9,7 @@ from xdevice.backends._common import cpu_only_stats, memory_not_applied
 
 class Memory:
     def configure_memory(self, config: Config, gpus: list[Device]) -> list[Applied]:
-        return memory_not_applied("numpy", config, "unsupported",
-                                  "the numpy backend runs on the CPU only")
+        return memory_not_applied("numpy", config, "unsupported", "the numpy backend runs on the CPU only")
 
     def memory_stats(self, device: Device) -> MemoryStats:
         return cpu_only_stats("numpy", device)

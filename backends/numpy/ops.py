@@ -24,10 +24,12 @@ _SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
 def _ieee(op):
     """``op`` with IEEE results and no warning: log(0) is -inf, 1/0 inf, 0/0 nan, as every
     framework gives them silently (numpy warns, and the reference must not be noisier)."""
+
     @functools.wraps(op)
     def quiet(*args):
         with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
             return op(*args)
+
     return quiet
 
 
@@ -68,8 +70,11 @@ class NumpyOps(Ops):
         return np.full(tuple(shape), value, dtype=numpy_dtype(dtype))
 
     def arange(self, start, stop=None, step=1, dtype="int32"):
-        return np.arange(start, stop, step, dtype=numpy_dtype(dtype)) if stop is not None else \
-            np.arange(start, dtype=numpy_dtype(dtype))
+        return (
+            np.arange(start, stop, step, dtype=numpy_dtype(dtype))
+            if stop is not None
+            else np.arange(start, dtype=numpy_dtype(dtype))
+        )
 
     # -- elementwise ----------------------------------------------------------------------
 
@@ -186,8 +191,7 @@ class NumpyOps(Ops):
         elif reduction in _SCATTER:
             _SCATTER[reduction].at(out, target, updates)
         else:
-            raise UnsupportedOp(message("Unknown scatter reduction", received=reduction,
-                                        choices=["none", *_SCATTER]))
+            raise UnsupportedOp(message("Unknown scatter reduction", received=reduction, choices=["none", *_SCATTER]))
         return out
 
     def det(self, x):
@@ -212,7 +216,7 @@ class NumpyOps(Ops):
     def gelu(self, x, approximate=False):
         x = np.asarray(x)
         if approximate:
-            inner = _SQRT_2_OVER_PI * (x + 0.044715 * x ** 3)
+            inner = _SQRT_2_OVER_PI * (x + 0.044715 * x**3)
             return (0.5 * x * (1 + np.tanh(inner))).astype(x.dtype)
         return (0.5 * x * (1 + self.erf(x / math.sqrt(2)))).astype(x.dtype)
 
@@ -387,7 +391,7 @@ class NumpyOps(Ops):
         cols = windows(padded, w.shape[2:], as_tuple(stride, dims), as_tuple(dilation, dims))
         # cols: (N, C, *out, *kernel) -> grouped contraction with w (O, C/g, *kernel)
         n, c = x.shape[:2]
-        out_shape = cols.shape[2:2 + dims]
+        out_shape = cols.shape[2 : 2 + dims]
         cols = cols.reshape(n, groups, c // groups, *out_shape, *w.shape[2:])
         wg = w.reshape(groups, w.shape[0] // groups, *w.shape[1:])
         letters = "defgh"[:dims], "uvw"[:dims]

@@ -23,5 +23,6 @@ def gpu_build() -> bool:
 def __getattr__(name: str):
     if name == "TensorflowBackend":  # the class loads the framework: only when asked for
         from xdevice.backends.tensorflow.backend import TensorflowBackend
+
         return TensorflowBackend
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -11,10 +11,13 @@ from xdevice._errors import XDeviceError, message
 
 
 class Autodiff:
-    def value_and_grad(self, fn: Callable[..., Any], params: dict[str, Any], *args: Any,
-                       has_aux: bool = False) -> tuple[Any, dict[str, Any]]:
-        params = {name: value if isinstance(value, tf.Variable) else tf.convert_to_tensor(value)
-                  for name, value in params.items()}
+    def value_and_grad(
+        self, fn: Callable[..., Any], params: dict[str, Any], *args: Any, has_aux: bool = False
+    ) -> tuple[Any, dict[str, Any]]:
+        params = {
+            name: value if isinstance(value, tf.Variable) else tf.convert_to_tensor(value)
+            for name, value in params.items()
+        }
         with tf.GradientTape() as tape:
             # tensors need watching, and so do variables that are not trainable; integers
             # have no gradient (and TensorFlow logs a warning for each one watched)

@@ -16,8 +16,11 @@ __all__ = ["TensorflowBackend"]
 class TensorflowBackend(Devices, Memory, Placement, Autodiff, Native, Export, Replication, Backend):
     name = "tensorflow"
     title = "TensorFlow"
-    accepts = {"array": "tf.Tensor or tf.Variable", "model": "a Keras model, tf.Module or tf.function",
-               "device": "tf.config.LogicalDevice"}
+    accepts = {
+        "array": "tf.Tensor or tf.Variable",
+        "model": "a Keras model, tf.Module or tf.function",
+        "device": "tf.config.LogicalDevice",
+    }
     saved_format = ".savedmodel"
     supports_memory_limit = True
     supports_preallocation = True

@@ -28,8 +28,11 @@ class Devices:
         return getattr(context.context(), "_context_handle", None) is not None
 
     def list_devices(self) -> list[Device]:
-        return [self.device_from_native(d) for d in tf.config.list_logical_devices()
-                if d.device_type in ("CPU", "GPU", "TPU")]
+        return [
+            self.device_from_native(d)
+            for d in tf.config.list_logical_devices()
+            if d.device_type in ("CPU", "GPU", "TPU")
+        ]
 
     def device_from_native(self, native: Any) -> Device:
         return device(native.name)  # a LogicalDevice or PhysicalDevice names itself TF's way
@@ -43,9 +46,13 @@ class Devices:
         cpu = tf.config.list_physical_devices("CPU")[0]
         with _wrapped("cpu_devices"):
             tf.config.set_logical_device_configuration(
-                cpu, [tf.config.LogicalDeviceConfiguration() for _ in range(config.cpu_devices)])
-        return [Applied("tensorflow", "cpu_devices", config.cpu_devices, "applied",
-                        f"{config.cpu_devices} logical CPU devices")]
+                cpu, [tf.config.LogicalDeviceConfiguration() for _ in range(config.cpu_devices)]
+            )
+        return [
+            Applied(
+                "tensorflow", "cpu_devices", config.cpu_devices, "applied", f"{config.cpu_devices} logical CPU devices"
+            )
+        ]
 
 
 class _wrapped:
@@ -59,8 +66,11 @@ class _wrapped:
 
     def __exit__(self, kind, error, traceback) -> bool:
         if isinstance(error, RuntimeError):
-            raise ConfigurationError(message(
-                f"TensorFlow already started, so {self.setting} cannot change",
-                received=str(error),
-                fix="call xdevice.configure(...) before the first TensorFlow computation")) from error
+            raise ConfigurationError(
+                message(
+                    f"TensorFlow already started, so {self.setting} cannot change",
+                    received=str(error),
+                    fix="call xdevice.configure(...) before the first TensorFlow computation",
+                )
+            ) from error
         return False

@@ -25,22 +25,31 @@ import tensorflow as tf
 
 from xdevice._errors import ConversionError, message
 from xdevice.backends._common import (
-    Inputs, call_with, exporter_failed, flat_outputs, output_names, record_output_names,
+    Inputs,
+    call_with,
+    exporter_failed,
+    flat_outputs,
+    output_names,
+    record_output_names,
 )
 
 __all__ = ["Export"]
 
 
 class Export:
-    def export_onnx(self, target: Any, example_inputs: tuple[Any, ...], opset: int,
-                    axes: list[dict[int, str]]) -> Any:
+    def export_onnx(self, target: Any, example_inputs: tuple[Any, ...], opset: int, axes: list[dict[int, str]]) -> Any:
         import tf2onnx
 
         inputs = example_inputs if isinstance(example_inputs, Inputs) else Inputs.of(example_inputs)
         call = _inference_call(target, inputs)
-        signature = [tf.TensorSpec([None if a in found else size for a, size in enumerate(x.shape)],
-                                   tf.as_dtype(x.dtype), name=_spec_name(name))
-                     for name, x, found in zip(inputs.names, inputs, axes)]
+        signature = [
+            tf.TensorSpec(
+                [None if a in found else size for a, size in enumerate(x.shape)],
+                tf.as_dtype(x.dtype),
+                name=_spec_name(name),
+            )
+            for name, x, found in zip(inputs.names, inputs, axes)
+        ]
         names: list[str] = []
 
         def flat(*xs):
@@ -54,21 +63,30 @@ class Export:
                 warnings.simplefilter("ignore", DeprecationWarning)
                 warnings.simplefilter("ignore", FutureWarning)
                 model, _ = tf2onnx.convert.from_function(
-                    function, input_signature=signature, opset=opset, custom_op_handlers={"Erfc": (_erfc, [])})
+                    function, input_signature=signature, opset=opset, custom_op_handlers={"Erfc": (_erfc, [])}
+                )
         except Exception as error:  # tf2onnx raises many types; each is reported the same way
-            raise exporter_failed("tf2onnx", error,
-                                  "the model must trace under tf.function with a None batch "
-                                  "(no Python int of the batch size); or try another opset") from error
+            raise exporter_failed(
+                "tf2onnx",
+                error,
+                "the model must trace under tf.function with a None batch "
+                "(no Python int of the batch size); or try another opset",
+            ) from error
         _fold_captures(model, function.get_concrete_function(), len(signature))
         record_output_names(model, names)
         return model
 
-    def save_converted(self, imported: Any, specs: list[tuple[str, str, tuple]], examples: list[Any],
-                       path: os.PathLike, dynamic: bool) -> None:
+    def save_converted(
+        self, imported: Any, specs: list[tuple[str, str, tuple]], examples: list[Any], path: os.PathLike, dynamic: bool
+    ) -> None:
         module = tf.Module()
         module.weights = {name: tf.Variable(value, trainable=False) for name, value in imported.params.items()}
-        signature = [tf.TensorSpec([None if isinstance(d, str) else size for d, size in zip(shape, x.shape)],
-                                   tf.as_dtype(dtype), name=name) for (name, dtype, shape), x in zip(specs, examples)]
+        signature = [
+            tf.TensorSpec(
+                [None if isinstance(d, str) else size for d, size in zip(shape, x.shape)], tf.as_dtype(dtype), name=name
+            )
+            for (name, dtype, shape), x in zip(specs, examples)
+        ]
 
         @tf.function(input_signature=signature)
         def serve(*inputs):
@@ -99,8 +117,13 @@ def _same_sizes(specs: list[tuple[str, str, tuple]], inputs: tuple) -> list[Any]
                 first[d] = (f"{name}[{axis}]", size)
                 continue
             where, expected = first[d]
-            checks.append(tf.debugging.assert_equal(size, expected, message=(
-                f"dimension {d} has one size across inputs: {name}[{axis}] differs from {where}")))
+            checks.append(
+                tf.debugging.assert_equal(
+                    size,
+                    expected,
+                    message=(f"dimension {d} has one size across inputs: {name}[{axis}] differs from {where}"),
+                )
+            )
     return checks
 
 
@@ -110,20 +133,26 @@ def _inference_call(target: Any, inputs: Inputs) -> Callable[..., Any]:
     keras = sys.modules.get("keras")
     if keras is not None and isinstance(target, keras.Layer):
         if keras.backend.backend() != "tensorflow":
-            raise ConversionError(message(
-                "This Keras model runs on another backend than TensorFlow",
-                expected="Keras with KERAS_BACKEND=tensorflow", received=keras.backend.backend(),
-                fix="export it with that framework's exporter, or set KERAS_BACKEND=tensorflow"))
+            raise ConversionError(
+                message(
+                    "This Keras model runs on another backend than TensorFlow",
+                    expected="Keras with KERAS_BACKEND=tensorflow",
+                    received=keras.backend.backend(),
+                    fix="export it with that framework's exporter, or set KERAS_BACKEND=tensorflow",
+                )
+            )
         if inputs.named:
             return lambda *xs: target(inputs.rebuild(xs), training=False)
         # a multi-input Keras model takes its inputs as one list
-        return lambda *xs: target(inputs.rebuild(xs)[0] if len(xs) == 1 else list(inputs.rebuild(xs)),
-                                  training=False)
+        return lambda *xs: target(inputs.rebuild(xs)[0] if len(xs) == 1 else list(inputs.rebuild(xs)), training=False)
     if not callable(target):
-        raise ConversionError(message(
-            "Cannot export this object from TensorFlow",
-            expected="a Keras model, a tf.Module with __call__, a tf.function or a function of tensors",
-            received=type(target).__qualname__))
+        raise ConversionError(
+            message(
+                "Cannot export this object from TensorFlow",
+                expected="a Keras model, a tf.Module with __call__, a tf.function or a function of tensors",
+                received=type(target).__qualname__,
+            )
+        )
     return lambda *xs: call_with(target, inputs, xs, keywords=False)
 
 
@@ -137,9 +166,11 @@ def _fold_captures(model: Any, concrete: Any, count: int) -> None:
     variance, say), which tf2onnx writes as graph inputs, folded back into initializers."""
     from onnx import numpy_helper
 
-    captured = {placeholder.name: value for placeholder, value in zip(concrete.graph.inputs[count:],
-                                                                       concrete.captured_inputs)
-                if value.dtype != tf.resource}
+    captured = {
+        placeholder.name: value
+        for placeholder, value in zip(concrete.graph.inputs[count:], concrete.captured_inputs)
+        if value.dtype != tf.resource
+    }
     extra = [v for v in model.graph.input if v.name in captured]
     for value in extra:
         model.graph.input.remove(value)

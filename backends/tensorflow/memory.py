@@ -32,21 +32,43 @@ class Memory:
                 continue
             with _wrapped("memory_limit"):
                 tf.config.set_logical_device_configuration(
-                    gpu, [tf.config.LogicalDeviceConfiguration(memory_limit=limit // 2**20)])
+                    gpu, [tf.config.LogicalDeviceConfiguration(memory_limit=limit // 2**20)]
+                )
             self._limits[index] = limit
             limited = True
-            entries.append(Applied("tensorflow", "memory_limit", limit, "enforced",
-                                   f"logical GPU:{index} with memory_limit={limit // 2**20} MiB"))
+            entries.append(
+                Applied(
+                    "tensorflow",
+                    "memory_limit",
+                    limit,
+                    "enforced",
+                    f"logical GPU:{index} with memory_limit={limit // 2**20} MiB",
+                )
+            )
         if config.memory_growth is not None:
             if limited and config.memory_growth:
-                entries.append(Applied("tensorflow", "memory_growth", True, "unsupported",
-                                       "TensorFlow cannot combine growth with a memory limit"))
+                entries.append(
+                    Applied(
+                        "tensorflow",
+                        "memory_growth",
+                        True,
+                        "unsupported",
+                        "TensorFlow cannot combine growth with a memory limit",
+                    )
+                )
             else:
                 with _wrapped("memory_growth"):
                     for gpu in physical:
                         tf.config.experimental.set_memory_growth(gpu, config.memory_growth)
-                entries.append(Applied("tensorflow", "memory_growth", config.memory_growth,
-                                       "applied", f"set_memory_growth({config.memory_growth})"))
+                entries.append(
+                    Applied(
+                        "tensorflow",
+                        "memory_growth",
+                        config.memory_growth,
+                        "applied",
+                        f"set_memory_growth({config.memory_growth})",
+                    )
+                )
         return entries
 
     def memory_stats(self, device: Device) -> MemoryStats:
@@ -54,8 +76,14 @@ class Memory:
             return cpu_only_stats("tensorflow", device)
         info = tf.config.experimental.get_memory_info(f"GPU:{device.index}")
         limit = getattr(self, "_limits", {}).get(device.index)
-        return MemoryStats(device, "tensorflow", in_use=info["current"], peak=info["peak"],
-                           limit=limit, limit_how="enforced" if limit else None)
+        return MemoryStats(
+            device,
+            "tensorflow",
+            in_use=info["current"],
+            peak=info["peak"],
+            limit=limit,
+            limit_how="enforced" if limit else None,
+        )
 
     def measure_step(self, step, args, device):
         if device.kind != "gpu":  # TensorFlow counts no memory on the CPU
@@ -65,5 +93,8 @@ class Memory:
         before = tf.config.experimental.get_memory_info(name)["current"]
         step(*args)
         peak = tf.config.experimental.get_memory_info(name)["peak"]
-        return "TensorFlow's peak on the GPU over one step", {"before the step": before, "step": peak - before,
-                                                               "total": peak}
+        return "TensorFlow's peak on the GPU over one step", {
+            "before the step": before,
+            "step": peak - before,
+            "total": peak,
+        }

@@ -20,8 +20,7 @@ class ZooModule(tf.Module):
         super().__init__(name=name)
         self.model_name, self.spec = name, spec
         self._zoo_forward = forward
-        self.weights = {key: tf.Variable(value, trainable=key in trainable, name=key)
-                        for key, value in params.items()}
+        self.weights = {key: tf.Variable(value, trainable=key in trainable, name=key) for key, value in params.items()}
 
     def __call__(self, x: Any, training: bool = False) -> Any:
         y, updates = self._zoo_forward(dict(self.weights), x, training)

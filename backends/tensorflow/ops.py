@@ -36,8 +36,12 @@ _FLOAT8 = tuple(tf.as_dtype(name) for name in ("float8_e4m3fn", "float8_e5m2"))
 _NARROW = {d.name for d in _INT4 + _FLOAT8}
 
 # ScatterElements reductions as segment reductions
-_SEGMENT = {"add": tf.math.unsorted_segment_sum, "mul": tf.math.unsorted_segment_prod,
-            "max": tf.math.unsorted_segment_max, "min": tf.math.unsorted_segment_min}
+_SEGMENT = {
+    "add": tf.math.unsorted_segment_sum,
+    "mul": tf.math.unsorted_segment_prod,
+    "max": tf.math.unsorted_segment_max,
+    "min": tf.math.unsorted_segment_min,
+}
 
 
 def _is_array(x: Any) -> bool:
@@ -86,8 +90,14 @@ def _tf_dtype(name: str) -> tf.DType:
         dtype = None
     if dtype is None:
         what = "TensorFlow has no Cast kernels for this dtype" if unusable else "TensorFlow has no such dtype"
-        raise UnsupportedOp(message(what, received=name, choices=[*DTYPES, *sorted(_NARROW)],
-                                    fix="cast on another backend (numpy has every ml_dtypes format)"))
+        raise UnsupportedOp(
+            message(
+                what,
+                received=name,
+                choices=[*DTYPES, *sorted(_NARROW)],
+                fix="cast on another backend (numpy has every ml_dtypes format)",
+            )
+        )
     return dtype
 
 
@@ -109,19 +119,23 @@ def _constant(value: Any, dtype: tf.DType) -> Array:
 
 def _unary(fn):
     """An op method applying TensorFlow's ``fn`` to one input."""
+
     def op(self, x: Array) -> Array:
         return fn(_tensor(x))
+
     return op
 
 
 def _float_unary(fn):
     """Like ``_unary``, for an op defined on floats: integers and booleans are first cast to
     the float numpy computes them in (float16 for 8 bits, float32 for 16, else float64)."""
+
     def op(self, x: Array) -> Array:
         x = _tensor(x)
         if not x.dtype.is_floating:
             x = tf.cast(x, np.result_type(x.dtype.as_numpy_dtype, np.float16))
         return fn(x)
+
     return op
 
 
@@ -138,6 +152,7 @@ def _fmod(x: Array, y: Array) -> Array:
         quotient = x / y
         quotient = tf.where(quotient < 0, tf.math.ceil(quotient), tf.math.floor(quotient))
         return _unbroadcast(g, x), _unbroadcast(-g * quotient, y)
+
     return tf.truncatemod(x, y), grad
 
 
@@ -151,8 +166,10 @@ def _argsort_last(key: Array, descending: bool) -> Array:
 
 def _binary(fn):
     """An op method applying TensorFlow's ``fn`` to promoted operands."""
+
     def op(self, x: Array, y: Array) -> Array:
         return fn(*_operands(x, y))
+
     return op
 
 
@@ -173,10 +190,20 @@ def _static(x: Array) -> list[Any]:
 
 # Elementwise ops (by TensorFlow op type) that commute with a transpose: see _sunk
 _ELEMENTWISE = {
-    "Relu": tf.nn.relu, "Relu6": tf.nn.relu6, "Elu": tf.nn.elu, "Selu": tf.nn.selu,
-    "Sigmoid": tf.math.sigmoid, "Tanh": tf.math.tanh, "Softplus": tf.math.softplus,
-    "Neg": tf.math.negative, "Identity": tf.identity, "AddV2": tf.math.add, "Sub": tf.math.subtract,
-    "Mul": tf.math.multiply, "RealDiv": tf.math.truediv, "Maximum": tf.math.maximum,
+    "Relu": tf.nn.relu,
+    "Relu6": tf.nn.relu6,
+    "Elu": tf.nn.elu,
+    "Selu": tf.nn.selu,
+    "Sigmoid": tf.math.sigmoid,
+    "Tanh": tf.math.tanh,
+    "Softplus": tf.math.softplus,
+    "Neg": tf.math.negative,
+    "Identity": tf.identity,
+    "AddV2": tf.math.add,
+    "Sub": tf.math.subtract,
+    "Mul": tf.math.multiply,
+    "RealDiv": tf.math.truediv,
+    "Maximum": tf.math.maximum,
     "Minimum": tf.math.minimum,
 }
 
@@ -409,12 +436,22 @@ class TensorflowOps(Ops):
         return tf.where(condition, *_operands(x, y))
 
     def while_loop(self, condition, body, state: tuple, operands: tuple = ()) -> tuple:
-        return tuple(tf.while_loop(lambda *s: tf.cast(tf.reshape(condition(s, operands), ()), tf.bool),
-                                   lambda *s: tuple(body(s, operands)), tuple(state)))
+        return tuple(
+            tf.while_loop(
+                lambda *s: tf.cast(tf.reshape(condition(s, operands), ()), tf.bool),
+                lambda *s: tuple(body(s, operands)),
+                tuple(state),
+            )
+        )
 
     def cond(self, predicate: Array, then, otherwise, operands: tuple = ()) -> tuple:
-        return tuple(tf.cond(tf.cast(tf.reshape(predicate, ()), tf.bool), lambda: tuple(then(*operands)),
-                             lambda: tuple(otherwise(*operands))))
+        return tuple(
+            tf.cond(
+                tf.cast(tf.reshape(predicate, ()), tf.bool),
+                lambda: tuple(then(*operands)),
+                lambda: tuple(otherwise(*operands)),
+            )
+        )
 
     # -- linear algebra -------------------------------------------------------------------
 
@@ -524,8 +561,14 @@ class TensorflowOps(Ops):
     def split(self, x: Array, sections: int | Sequence[int], axis: int = 0) -> list[Array]:
         return tf.split(_tensor(x), sections if isinstance(sections, int) else list(sections), axis=axis)
 
-    def slice(self, x: Array, starts: Sequence[int], stops: Sequence[int],
-              axes: Sequence[int] | None = None, steps: Sequence[int] | None = None) -> Array:
+    def slice(
+        self,
+        x: Array,
+        starts: Sequence[int],
+        stops: Sequence[int],
+        axes: Sequence[int] | None = None,
+        steps: Sequence[int] | None = None,
+    ) -> Array:
         x = _tensor(x)
         # clamp to [-n-1, n], which keeps Python's meaning and fits any index dtype (ONNX uses INT64_MAX)
         shape = x.shape.as_list()
@@ -568,11 +611,9 @@ class TensorflowOps(Ops):
             return indices
         return tf.where(indices < 0, indices + tf.cast(size, indices.dtype), indices)
 
-    def scatter(self, x: Array, indices: Array, updates: Array, axis: int = 0,
-                reduction: str = "none") -> Array:
+    def scatter(self, x: Array, indices: Array, updates: Array, axis: int = 0, reduction: str = "none") -> Array:
         if reduction != "none" and reduction not in _SEGMENT:
-            raise UnsupportedOp(message("Unknown scatter reduction", received=reduction,
-                                        choices=["none", *_SEGMENT]))
+            raise UnsupportedOp(message("Unknown scatter reduction", received=reduction, choices=["none", *_SEGMENT]))
         x, index = _tensor(x), tf.cast(_tensor(indices), tf.int64)
         rank, size = x.shape.rank, tf.shape(x, out_type=tf.int64)
         axis %= rank
@@ -599,8 +640,7 @@ class TensorflowOps(Ops):
             out = tf.where(nan, tf.constant(np.nan, x.dtype), out)
         return tf.reshape(out, size)
 
-    def pad(self, x: Array, pad_width: Sequence[tuple[int, int]], mode: str = "constant",
-            value: float = 0) -> Array:
+    def pad(self, x: Array, pad_width: Sequence[tuple[int, int]], mode: str = "constant", value: float = 0) -> Array:
         x = _tensor(x)
         pad_width = [tuple(int(v) for v in p) for p in pad_width]
         if mode == "constant":
@@ -633,8 +673,16 @@ class TensorflowOps(Ops):
 
     # -- neural network -------------------------------------------------------------------
 
-    def conv(self, x: Array, w: Array, b: Array | None = None, stride: int | Sequence[int] = 1,
-             padding: Any = 0, dilation: int | Sequence[int] = 1, groups: int = 1) -> Array:
+    def conv(
+        self,
+        x: Array,
+        w: Array,
+        b: Array | None = None,
+        stride: int | Sequence[int] = 1,
+        padding: Any = 0,
+        dilation: int | Sequence[int] = 1,
+        groups: int = 1,
+    ) -> Array:
         x, w = _operands(x, w)
         dims = w.shape.rank - 2
         stride, dilation, kernel = as_tuple(stride, dims), as_tuple(dilation, dims), tuple(w.shape[2:])
@@ -649,8 +697,15 @@ class TensorflowOps(Ops):
 
         def dense(x, w):
             # data_format spelled out: eager Conv3D gradients fail on a None attribute
-            return _windowed(x, pads, kernel, stride, dilation, explicit=direct,
-                             op=lambda x, s, p: conv(x, w, s, p, data_format=layout, dilations=dilation))
+            return _windowed(
+                x,
+                pads,
+                kernel,
+                stride,
+                dilation,
+                explicit=direct,
+                op=lambda x, s, p: conv(x, w, s, p, data_format=layout, dilations=dilation),
+            )
 
         if groups == 1:
             y = dense(x, w)
@@ -658,8 +713,14 @@ class TensorflowOps(Ops):
             # depthwise (CPU kernels want equal strides; explicit pads crash Grappler's shape
             # inference): (kh, kw, 1, C*m) -> (kh, kw, C, m), output channel c*m + j as in OIHW
             w = tf.reshape(w, (*kernel, channels, -1))
-            y = _windowed(x, pads, kernel, stride, dilation,
-                          op=lambda x, s, p: tf.nn.depthwise_conv2d(x, w, (1, *s, 1), p, dilations=dilation))
+            y = _windowed(
+                x,
+                pads,
+                kernel,
+                stride,
+                dilation,
+                op=lambda x, s, p: tf.nn.depthwise_conv2d(x, w, (1, *s, 1), p, dilations=dilation),
+            )
         else:
             # CPU kernels lack grouped-conv gradients without oneDNN: one conv per group
             y = tf.concat([dense(xg, wg) for xg, wg in zip(tf.split(x, groups, -1), tf.split(w, groups, -1))], -1)
@@ -667,21 +728,42 @@ class TensorflowOps(Ops):
             y = tf.nn.bias_add(y, tf.cast(_tensor(b), y.dtype))
         return _channels_first(y)
 
-    def max_pool(self, x: Array, window: int | Sequence[int], stride: int | Sequence[int] | None = None,
-                 padding: Any = 0, dilation: int | Sequence[int] = 1, ceil_mode: bool = False) -> Array:
+    def max_pool(
+        self,
+        x: Array,
+        window: int | Sequence[int],
+        stride: int | Sequence[int] | None = None,
+        padding: Any = 0,
+        dilation: int | Sequence[int] = 1,
+        ceil_mode: bool = False,
+    ) -> Array:
         x = _tensor(x)
         dims = x.shape.rank - 2
         window, dilation = as_tuple(window, dims), as_tuple(dilation, dims)
         stride = as_tuple(stride or window, dims)
         pads = pool_padding(padding, self.shape(x)[2:], window, stride, dilation, ceil_mode)
         # TensorFlow's dilated SAME pools pad with zeros (space-to-batch): pad with -inf here then
-        y = _windowed(_channels_last(x), pads, window, stride, dilation,
-                      lambda x, s, p: tf.nn.pool(x, window, "MAX", s, p, dilations=dilation),
-                      same=max(dilation) == 1, fill=-np.inf)
+        y = _windowed(
+            _channels_last(x),
+            pads,
+            window,
+            stride,
+            dilation,
+            lambda x, s, p: tf.nn.pool(x, window, "MAX", s, p, dilations=dilation),
+            same=max(dilation) == 1,
+            fill=-np.inf,
+        )
         return _channels_first(y)
 
-    def avg_pool(self, x: Array, window: int | Sequence[int], stride: int | Sequence[int] | None = None,
-                 padding: Any = 0, count_include_pad: bool = False, ceil_mode: bool = False) -> Array:
+    def avg_pool(
+        self,
+        x: Array,
+        window: int | Sequence[int],
+        stride: int | Sequence[int] | None = None,
+        padding: Any = 0,
+        count_include_pad: bool = False,
+        ceil_mode: bool = False,
+    ) -> Array:
         x = _tensor(x)
         dims = x.shape.rank - 2
         window = as_tuple(window, dims)
@@ -691,8 +773,9 @@ class TensorflowOps(Ops):
         # TensorFlow's SAME average already leaves padding out of the count; otherwise pad with
         # zeros, average over the whole window, and rescale to numpy's per-window counts
         same = not count_include_pad
-        y = _windowed(_channels_last(x), pads, window, stride, ones,
-                      lambda x, s, p: tf.nn.pool(x, window, "AVG", s, p), same=same)
+        y = _windowed(
+            _channels_last(x), pads, window, stride, ones, lambda x, s, p: tf.nn.pool(x, window, "AVG", s, p), same=same
+        )
         if not (same and pads == conv_padding("same", spatial, window, stride, ones)):
             counts = pool_counts(spatial, pads, window, stride, count_include_pad, padding)
             if (counts != math.prod(window)).any():
@@ -730,8 +813,9 @@ class TensorflowOps(Ops):
         return tf.nn.log_softmax(_tensor(x), axis)
 
     @float32_inside
-    def layer_norm(self, x: Array, scale: Array | None, offset: Array | None, axis: int = -1,
-                   eps: float = 1e-5) -> Array:
+    def layer_norm(
+        self, x: Array, scale: Array | None, offset: Array | None, axis: int = -1, eps: float = 1e-5
+    ) -> Array:
         x = _tensor(x)
         mean, var = tf.nn.moments(x, list(range(axis % x.shape.rank, x.shape.rank)), keepdims=True)
         y = (x - mean) * tf.math.rsqrt(var + eps)
@@ -739,14 +823,12 @@ class TensorflowOps(Ops):
         return y if offset is None else y + offset
 
     @float32_inside
-    def batch_norm_train(self, x: Array, scale: Array, offset: Array, eps: float = 1e-5
-                         ) -> tuple[Array, Array, Array]:
+    def batch_norm_train(self, x: Array, scale: Array, offset: Array, eps: float = 1e-5) -> tuple[Array, Array, Array]:
         x = _tensor(x)
         mean, var = tf.nn.moments(x, [0, *range(2, x.shape.rank)])  # one pass for both
         return self.batch_norm(x, scale, offset, mean, var, eps), mean, var
 
-    def attention(self, q: Array, k: Array, v: Array, mask: Array | None = None,
-                  scale: float | None = None) -> Array:
+    def attention(self, q: Array, k: Array, v: Array, mask: Array | None = None, scale: float | None = None) -> Array:
         q, k, v = map(_tensor, (q, k, v))
         scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
         scores = tf.linalg.matmul(q, k, transpose_b=True) * tf.constant(scale, q.dtype)
@@ -759,8 +841,7 @@ class TensorflowOps(Ops):
     # training step ~20% faster (no per-step loop frames or TensorArray gradients). A time
     # axis unknown while tracing (a symbolic sequence) runs as tf.scan.
 
-    def lstm(self, x: Array, h: Array, c: Array, w_ih: Array, w_hh: Array, b: Array
-             ) -> tuple[Array, Array, Array]:
+    def lstm(self, x: Array, h: Array, c: Array, w_ih: Array, w_hh: Array, b: Array) -> tuple[Array, Array, Array]:
         h, c, w_hh = map(_tensor, (h, c, w_hh))
 
         def step(inputs, state):
@@ -772,8 +853,7 @@ class TensorflowOps(Ops):
         outputs, (h, c) = _recurrence(self.linear(x, w_ih, b), (h, c), step)  # one matmul for every step's input
         return outputs, h, c
 
-    def gru(self, x: Array, h: Array, w_ih: Array, w_hh: Array, b_ih: Array, b_hh: Array
-            ) -> tuple[Array, Array]:
+    def gru(self, x: Array, h: Array, w_ih: Array, w_hh: Array, b_ih: Array, b_hh: Array) -> tuple[Array, Array]:
         h, w_hh, b_hh = map(_tensor, (h, w_hh, b_hh))
 
         def step(inputs, state):
@@ -801,8 +881,11 @@ def _recurrence(projected: Any, state: tuple, step: Any) -> tuple[Any, tuple]:
             state = step(inputs, state)
             outputs.append(state[0])
         return tf.stack(outputs, axis=1), state
-    states = tf.scan(lambda carried, inputs: tuple(step(inputs, carried)), tf.transpose(projected, (1, 0, 2)),
-                     initializer=tuple(state))
+    states = tf.scan(
+        lambda carried, inputs: tuple(step(inputs, carried)),
+        tf.transpose(projected, (1, 0, 2)),
+        initializer=tuple(state),
+    )
     return tf.transpose(states[0], (1, 0, 2)), tuple(s[-1] for s in states)
 
 

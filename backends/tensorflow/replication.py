@@ -32,14 +32,15 @@ class Replicas(training.Replicas):
         self.rank = resolver.task_id if resolver is not None and resolver.task_type else 0
 
     def place_params(self, arrays: dict[str, Any]) -> dict[str, Any]:
-        if arrays and self.strategy.extended._in_multi_worker_mode():  # noqa: SLF001 - no public flag
+        if arrays and self.strategy.extended._in_multi_worker_mode():
             # every worker starts from worker 0's values (a Keras model's initial weights are
             # drawn per worker unless seeded), as DDP broadcasts rank 0's: a sum in which the
             # other workers contribute zeros
             first = self.rank == 0
             mine = {k: tf.convert_to_tensor(v) if first else tf.zeros_like(v) for k, v in arrays.items()}
-            summed = {k: self.strategy.experimental_local_results(v)[0]
-                      for k, v in self._sum_over_workers(mine).items()}
+            summed = {
+                k: self.strategy.experimental_local_results(v)[0] for k, v in self._sum_over_workers(mine).items()
+            }
             for key, value in arrays.items():
                 if isinstance(value, tf.Variable):  # a Keras model's own variables stay its params
                     value.assign(summed[key])
@@ -61,8 +62,10 @@ class Replicas(training.Replicas):
         # every worker holds the global batch; replica ids count across workers
         xs, ys = tf.split(x, _sizes(int(x.shape[0]), self.count)), tf.split(y, _sizes(int(y.shape[0]), self.count))
         values = self.strategy.experimental_distribute_values_from_function
-        return (values(lambda context: xs[context.replica_id_in_sync_group]),
-                values(lambda context: ys[context.replica_id_in_sync_group]))
+        return (
+            values(lambda context: xs[context.replica_id_in_sync_group]),
+            values(lambda context: ys[context.replica_id_in_sync_group]),
+        )
 
     def weight(self, x: Any) -> Any:
         rows = tf.cast(tf.shape(x)[0], tf.float32)
@@ -103,19 +106,27 @@ class Replication:
         if _workers is not None:
             return
         if "TF_CONFIG" not in os.environ:
-            raise ConfigurationError(message(
-                "TensorFlow needs TF_CONFIG to join the other workers", received="TF_CONFIG unset",
-                fix="xdevice launch sets it for one node; with several nodes write each worker's TF_CONFIG"))
+            raise ConfigurationError(
+                message(
+                    "TensorFlow needs TF_CONFIG to join the other workers",
+                    received="TF_CONFIG unset",
+                    fix="xdevice launch sets it for one node; with several nodes write each worker's TF_CONFIG",
+                )
+            )
         kinds = tf.distribute.experimental.CommunicationImplementation  # RING: gRPC, for CPUs
         gpus = bool(tf.config.list_physical_devices("GPU"))
         options = tf.distribute.experimental.CommunicationOptions(implementation=kinds.NCCL if gpus else kinds.RING)
         try:
             _workers = tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)
         except (RuntimeError, ValueError) as error:
-            raise ConfigurationError(message(
-                "TensorFlow could not join the launched workers", received=str(error).splitlines()[0],
-                fix="call xdevice.join_processes('tensorflow') at the top of the script, before anything "
-                    "computes with TensorFlow (building a model does)")) from error
+            raise ConfigurationError(
+                message(
+                    "TensorFlow could not join the launched workers",
+                    received=str(error).splitlines()[0],
+                    fix="call xdevice.join_processes('tensorflow') at the top of the script, before anything "
+                    "computes with TensorFlow (building a model does)",
+                )
+            ) from error
         if threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGTERM, signal.SIG_DFL)  # TF's own handler swallows SIGTERM
 

@@ -25,18 +25,28 @@ class ModuleProgram(Program):
     def __init__(self, module: Any, device: Device | None):
         variables = _tf_variables(module)
         if not variables:
-            raise ConfigurationError(message("The TensorFlow model has no trainable variables",
-                                             fix="build it first (call it once on an example batch)"))
+            raise ConfigurationError(
+                message(
+                    "The TensorFlow model has no trainable variables",
+                    fix="build it first (call it once on an example batch)",
+                )
+            )
         where = find(variables[0].device or "cpu", backend="tensorflow")
         if device is not None and device != where:  # TF places a variable when it is made, once
-            raise ConfigurationError(message(
-                "The TensorFlow model's variables are not on the device asked for", expected=str(device),
-                received=str(where), fix=f"build the model under tf.device('{device}'), or leave device= out"))
+            raise ConfigurationError(
+                message(
+                    "The TensorFlow model's variables are not on the device asked for",
+                    expected=str(device),
+                    received=str(where),
+                    fix=f"build the model under tf.device('{device}'), or leave device= out",
+                )
+            )
         params = {_variable_name(v, i): v for i, v in enumerate(variables)}
         super().__init__("tensorflow", where, params, {})
         self.module, self.variables = module, variables
-        self.takes_training = "training" in inspect.signature(module.__call__).parameters or \
-            hasattr(module, "compute_output_shape")  # a Keras layer or model
+        self.takes_training = "training" in inspect.signature(module.__call__).parameters or hasattr(
+            module, "compute_output_shape"
+        )  # a Keras layer or model
 
     def run(self, params, buffers, x, train):
         out = self.module(x, training=train) if self.takes_training else self.module(x)
@@ -50,11 +60,14 @@ class ModuleProgram(Program):
 
     def set_precision(self, precision: str) -> None:
         if precision in ("bfloat16", "float16"):
-            raise ConfigurationError(message(
-                f"{precision} for a Keras/tf.Module model is set when the model is built",
-                received=f"precision={precision!r}",
-                fix=f"build it under keras.mixed_precision.set_global_policy('mixed_{precision}') and pass "
-                    "precision='float32', or train a zoo model"))
+            raise ConfigurationError(
+                message(
+                    f"{precision} for a Keras/tf.Module model is set when the model is built",
+                    received=f"precision={precision!r}",
+                    fix=f"build it under keras.mixed_precision.set_global_policy('mixed_{precision}') and pass "
+                    "precision='float32', or train a zoo model",
+                )
+            )
         super().set_precision(precision)
 
     def result(self) -> Any:

@@ -24,5 +24,6 @@ def gpu_build() -> bool:
 def __getattr__(name: str):
     if name == "TorchBackend":  # the class loads the framework: only when asked for
         from xdevice.backends.torch.backend import TorchBackend
+
         return TorchBackend
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

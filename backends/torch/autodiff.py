@@ -12,8 +12,9 @@ from xdevice.backends._common import map_leaves
 
 
 class Autodiff:
-    def value_and_grad(self, fn: Callable[..., Any], params: dict[str, Any], *args: Any,
-                       has_aux: bool = False) -> tuple[Any, dict[str, Any]]:
+    def value_and_grad(
+        self, fn: Callable[..., Any], params: dict[str, Any], *args: Any, has_aux: bool = False
+    ) -> tuple[Any, dict[str, Any]]:
         # fresh leaves: the caller's tensors keep their own requires_grad and .grad untouched
         leaves = {name: self.ops.asarray(value).detach() for name, value in params.items()}
         for leaf in leaves.values():
@@ -31,8 +32,9 @@ class Autodiff:
             raise XDeviceError(message("value_and_grad needs a scalar", received=f"shape {tuple(out.shape)}"))
         wanted = [name for name, leaf in leaves.items() if leaf.requires_grad]
         grads = dict(zip(wanted, torch.autograd.grad(out, [leaves[n] for n in wanted], allow_unused=True)))
-        return out.detach(), {name: torch.zeros_like(leaf) if grads.get(name) is None else grads[name]
-                              for name, leaf in leaves.items()}
+        return out.detach(), {
+            name: torch.zeros_like(leaf) if grads.get(name) is None else grads[name] for name, leaf in leaves.items()
+        }
 
     def jit(self, fn: Callable[..., Any]) -> Callable[..., Any]:
         return fn
@@ -42,8 +44,12 @@ class Autodiff:
 
         leaves = torch.utils._pytree.tree_leaves(example_args)
         if not all(isinstance(leaf, torch.Tensor) for leaf in leaves):  # a constant would be baked in
-            raise XDeviceError(message("Only tensors can be arguments of a captured torch program",
-                                       received=sorted({type(leaf).__name__ for leaf in leaves})))
+            raise XDeviceError(
+                message(
+                    "Only tensors can be arguments of a captured torch program",
+                    received=sorted({type(leaf).__name__ for leaf in leaves}),
+                )
+            )
         return make_fx(fn, tracing_mode="fake")(*example_args)  # fake tensors: no data read, none baked
 
 

@@ -49,9 +49,16 @@ class Devices:
     def configure_devices(self, config: Config) -> list[Applied]:
         if config.cpu_devices is None:
             return []
-        return [Applied("torch", "cpu_devices", config.cpu_devices, "advisory",
-                        f"PyTorch has no in-process virtual devices; replication runs "
-                        f"{config.cpu_devices} gloo worker processes")]
+        return [
+            Applied(
+                "torch",
+                "cpu_devices",
+                config.cpu_devices,
+                "advisory",
+                f"PyTorch has no in-process virtual devices; replication runs "
+                f"{config.cpu_devices} gloo worker processes",
+            )
+        ]
 
     def gpu_libraries(self) -> dict[str, str]:
         version = torch.backends.cudnn.version() if torch.cuda.is_available() else None
@@ -63,8 +70,12 @@ class Devices:
             return {}  # properties would start CUDA; core fills them in from NVML
         props = torch.cuda.get_device_properties(index)
         vendor = "amd" if torch.version.hip else "nvidia"
-        return dict(name=props.name, vendor=vendor, memory_total=int(props.total_memory),
-                    compute_capability=(props.major, props.minor))
+        return dict(
+            name=props.name,
+            vendor=vendor,
+            memory_total=int(props.total_memory),
+            compute_capability=(props.major, props.minor),
+        )
 
 
 # both directions, remembered: device_of and to_device are hot calls (torch.device is hashable)

@@ -25,8 +25,7 @@ from typing import Any
 import torch
 
 from xdevice._errors import ConversionError, message
-from xdevice.backends._common import (Inputs, call_with, exporter_failed, flat_outputs, output_names,
-                                      record_output_names)
+from xdevice.backends._common import Inputs, call_with, exporter_failed, flat_outputs, output_names, record_output_names
 
 __all__ = ["Export"]
 
@@ -69,25 +68,36 @@ def _dims(specs: list[tuple[str, str, tuple]]) -> dict[str, Any]:
     torch infers what the graph implies (two inputs' dims equal, a sequence at most the
     position table's length) and errors only where the graph fixes a size (``forward(*inputs)``
     has one parameter, ``inputs``: its spec is the tuple of per-input specs)."""
-    return {"inputs": tuple({axis: torch.export.Dim.DYNAMIC for axis, d in enumerate(shape) if isinstance(d, str)}
-                            or None for _, _, shape in specs)}
+    return {
+        "inputs": tuple(
+            {axis: torch.export.Dim.DYNAMIC for axis, d in enumerate(shape) if isinstance(d, str)} or None
+            for _, _, shape in specs
+        )
+    }
 
 
 class Export:
-    def export_onnx(self, target: Any, example_inputs: tuple[Any, ...], opset: int,
-                    axes: list[dict[int, str]]) -> Any:
+    def export_onnx(self, target: Any, example_inputs: tuple[Any, ...], opset: int, axes: list[dict[int, str]]) -> Any:
         inputs = example_inputs if isinstance(example_inputs, Inputs) else Inputs.of(example_inputs)
         module = _Flat(target, inputs)
         args = tuple(torch.as_tensor(x, device=_device_of(target)) for x in example_inputs)
         shapes = None
         if any(axes):
-            small = [f"{name}[{a}]={x.shape[a]}" for name, x, found in zip(inputs.names, args, axes) for a in found
-                     if x.shape[a] < 2]
+            small = [
+                f"{name}[{a}]={x.shape[a]}"
+                for name, x, found in zip(inputs.names, args, axes)
+                for a in found
+                if x.shape[a] < 2
+            ]
             if small:
                 # torch.export takes a size of 0 or 1 for a constant and would pin that axis
-                raise ConversionError(message(
-                    "torch.export needs example sizes of at least 2 on dynamic axes", received=small,
-                    fix="pass example inputs with 2 or more rows there, or dynamic_batch=False"))
+                raise ConversionError(
+                    message(
+                        "torch.export needs example sizes of at least 2 on dynamic axes",
+                        received=small,
+                        fix="pass example inputs with 2 or more rows there, or dynamic_batch=False",
+                    )
+                )
             # Dim.DYNAMIC: torch infers what the model implies (equal sizes, a sequence at most a
             # position table's length); the names are put on the ONNX inputs afterwards
             shapes = (tuple({a: torch.export.Dim.DYNAMIC for a in found} for found in axes),)  # forward(*xs)
@@ -100,19 +110,28 @@ class Export:
                 try:
                     proto = _torchscript(module, args, axes, opset)
                 except Exception as second:  # noqa: BLE001 - the first error is the one to act on
-                    raise exporter_failed(first.exporter, first.error, first.fix + _culprit(first.error) +
-                                          f"; the TorchScript exporter failed too ({type(second).__name__}: "
-                                          f"{str(second).splitlines()[0][:300]})") from first.error
+                    raise exporter_failed(
+                        first.exporter,
+                        first.error,
+                        first.fix
+                        + _culprit(first.error)
+                        + f"; the TorchScript exporter failed too ({type(second).__name__}: "
+                        f"{str(second).splitlines()[0][:300]})",
+                    ) from first.error
         if not module.names:  # torch.export ran a copy of the module: name the outputs from one plain call
             with _inference(module), torch.no_grad():  # in training mode, batch norm would update its statistics
                 module(*args)
         record_output_names(proto, module.names)
         return proto
 
-    def save_converted(self, imported: Any, specs: list[tuple[str, str, tuple]], examples: list[Any],
-                       path: os.PathLike, dynamic: bool) -> None:
-        program = torch.export.export(_Imported(imported), tuple(torch.as_tensor(x) for x in examples),
-                                      dynamic_shapes=_dims(specs) if dynamic else None)
+    def save_converted(
+        self, imported: Any, specs: list[tuple[str, str, tuple]], examples: list[Any], path: os.PathLike, dynamic: bool
+    ) -> None:
+        program = torch.export.export(
+            _Imported(imported),
+            tuple(torch.as_tensor(x) for x in examples),
+            dynamic_shapes=_dims(specs) if dynamic else None,
+        )
         torch.export.save(program, str(path))
 
     def native_outputs(self, target: Any, inputs: tuple[Any, ...]) -> list[Any]:
@@ -134,14 +153,21 @@ def _dynamo(module: torch.nn.Module, args: tuple, shapes: Any, opset: int) -> An
     try:
         program = torch.export.export(module, args, dynamic_shapes=shapes, strict=False)
     except Exception as error:  # torch raises many types; each is reported the same way
-        raise _Failed("torch.export", error, "make the forward traceable: no Python branches on tensor "
-                      "values, and no int() of a batch-sized dimension") from error
+        raise _Failed(
+            "torch.export",
+            error,
+            "make the forward traceable: no Python branches on tensor values, and no int() of a batch-sized dimension",
+        ) from error
     try:
-        return torch.onnx.export(program, args, dynamo=True, opset_version=opset,
-                                 custom_translation_table=_translations(), verbose=False).model_proto
+        return torch.onnx.export(
+            program, args, dynamo=True, opset_version=opset, custom_translation_table=_translations(), verbose=False
+        ).model_proto
     except Exception as error:
-        raise _Failed("torch.onnx", error, "an aten op without an ONNX translation: try another opset, "
-                      "or export from another backend") from error
+        raise _Failed(
+            "torch.onnx",
+            error,
+            "an aten op without an ONNX translation: try another opset, or export from another backend",
+        ) from error
 
 
 def _torchscript(module: torch.nn.Module, args: tuple, axes: list[dict[int, str]], opset: int) -> Any:
@@ -155,8 +181,9 @@ def _torchscript(module: torch.nn.Module, args: tuple, axes: list[dict[int, str]
     dynamic = {name: found for name, found in zip(names, axes) if found} or None
     with warnings.catch_warnings():  # its deprecation notice and tracer warnings
         warnings.simplefilter("ignore")
-        torch.onnx.export(module, args, buffer, dynamo=False, opset_version=min(opset, 20), input_names=names,
-                          dynamic_axes=dynamic)
+        torch.onnx.export(
+            module, args, buffer, dynamo=False, opset_version=min(opset, 20), input_names=names, dynamic_axes=dynamic
+        )
     return onnx.load_from_string(buffer.getvalue())
 
 
@@ -172,8 +199,11 @@ def _culprit(error: BaseException) -> str:
         seen = seen.__cause__ or seen.__context__
     found = re.findall(r'File "([^"]+)", line (\d+), in (\w+)', str(error))
     frames += [traceback.FrameSummary(f, int(n), fn) for f, n, fn in found]
-    own = [f for f in frames if not any(part in f.filename for part in ("/torch/", "/xdevice/", "/backends/",
-                                                                        "/converters/", "<"))]
+    own = [
+        f
+        for f in frames
+        if not any(part in f.filename for part in ("/torch/", "/xdevice/", "/backends/", "/converters/", "<"))
+    ]
     if not own:
         return ""
     last = own[-1]
@@ -209,9 +239,15 @@ def _quiet() -> Iterator[None]:
     internals, not the user's model."""
     # torch's exporter logs, and fake tensors log every failed meta kernel with its traceback
     # (the error itself reaches the user once, as a ConversionError with its one-line cause)
-    loggers = [logging.getLogger(name) for name in ("torch.onnx._internal.exporter._registration",
-                                                    "torch._subclasses.fake_tensor", "onnx_ir.serde",
-                                                    "torch.fx.experimental.symbolic_shapes")]
+    loggers = [
+        logging.getLogger(name)
+        for name in (
+            "torch.onnx._internal.exporter._registration",
+            "torch._subclasses.fake_tensor",
+            "onnx_ir.serde",
+            "torch.fx.experimental.symbolic_shapes",
+        )
+    ]
     levels = [logger.level for logger in loggers]
     for logger in loggers:
         logger.setLevel(logging.CRITICAL)

@@ -35,18 +35,38 @@ from datetime import timedelta
 
 from xdevice._processes import COORDINATOR
 
-
 #: the agent's own settings: the lines it shows are prefixed with the global rank
 AGENT_ENVIRONMENT = {"TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE": "[rank${rank}]: "}
 
 
-def arguments(script: str, args: list[str], *, nproc_per_node: int, nnodes: str = "1", node_rank: int | None = None,
-              master_addr: str | None = None, master_port: int | None = None, max_restarts: int = 0,
-              rdzv_backend: str = "c10d", rdzv_id: str | None = None, log_dir: str | None = None) -> list[str]:
+def arguments(
+    script: str,
+    args: list[str],
+    *,
+    nproc_per_node: int,
+    nnodes: str = "1",
+    node_rank: int | None = None,
+    master_addr: str | None = None,
+    master_port: int | None = None,
+    max_restarts: int = 0,
+    rdzv_backend: str = "c10d",
+    rdzv_id: str | None = None,
+    log_dir: str | None = None,
+) -> list[str]:
     """torchrun's arguments to run ``script args`` in ``nproc_per_node`` workers per node (each
     a worker of this module, which then runs the script)."""
-    line = ["--nproc-per-node", str(nproc_per_node), "--nnodes", nnodes, "--max-restarts", str(max_restarts),
-            "--tee", "3", "--shutdown-timeout", "10"]  # a stopped agent (Ctrl-C) kills workers 10 s after SIGTERM
+    line = [
+        "--nproc-per-node",
+        str(nproc_per_node),
+        "--nnodes",
+        nnodes,
+        "--max-restarts",
+        str(max_restarts),
+        "--tee",
+        "3",
+        "--shutdown-timeout",
+        "10",
+    ]  # a stopped agent (Ctrl-C) kills workers 10 s after SIGTERM
     if master_port is None and nnodes in ("1", "1:1"):  # torchrun's --standalone: c10d on a free local port
         line += ["--rdzv-backend", "c10d", "--rdzv-endpoint", "localhost:0", "--rdzv-id", rdzv_id or str(uuid.uuid4())]
     else:
@@ -75,9 +95,11 @@ def run(torchrun_arguments: list[str]) -> int:
     except ChildFailedError as error:
         rank, failure = error.get_first_failure()
         code = failure.exitcode if failure.exitcode > 0 else 1
-        print(f"xdevice launch: rank {rank} failed with exit code {failure.exitcode} "
-              f"({config.max_restarts} restart(s) allowed); its output is above, prefixed [rank{rank}]",
-              file=sys.stderr)
+        print(
+            f"xdevice launch: rank {rank} failed with exit code {failure.exitcode} "
+            f"({config.max_restarts} restart(s) allowed); its output is above, prefixed [rank{rank}]",
+            file=sys.stderr,
+        )
         return code
     return 0
 
@@ -96,7 +118,9 @@ def environment() -> dict[str, str]:
     if size == 1:
         return env
     store = dist.TCPStore(master, port, is_master=False, timeout=timedelta(seconds=300))
-    prefix = f"xdevice/{os.environ.get('TORCHELASTIC_RUN_ID', 'run')}/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/"
+    prefix = (
+        f"xdevice/{os.environ.get('TORCHELASTIC_RUN_ID', 'run')}/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/"
+    )
     host = _host_towards(master, port)
     if rank == 0:
         store.set(prefix + "jax", f"{host}:{_free_port(host)}")
@@ -149,7 +173,7 @@ def main(argv: list[str]) -> None:
     except BaseException:  # noqa: BLE001 - reported as the interpreter would, then the same end
         traceback.print_exc()
         code = 1
-    atexit._run_exitfuncs()  # noqa: SLF001 - the handlers the interpreter would run at exit
+    atexit._run_exitfuncs()
     for stream in (sys.stdout, sys.stderr):
         stream.flush()
     os._exit(code)

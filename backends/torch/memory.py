@@ -23,11 +23,15 @@ class Memory:
             return memory_not_applied("torch", config, "skipped", why)
         entries = []
         if config.memory_growth is True:
-            entries.append(Applied("torch", "memory_growth", True, "applied",
-                                   "the caching allocator always grows on demand"))
+            entries.append(
+                Applied("torch", "memory_growth", True, "applied", "the caching allocator always grows on demand")
+            )
         elif config.memory_growth is False:
-            entries.append(Applied("torch", "memory_growth", False, "unsupported",
-                                   "PyTorch's allocator cannot pre-allocate a pool"))
+            entries.append(
+                Applied(
+                    "torch", "memory_growth", False, "unsupported", "PyTorch's allocator cannot pre-allocate a pool"
+                )
+            )
         self._limits = getattr(self, "_limits", {})
         for gpu in gpus:
             limit = config.limit_for(gpu)
@@ -36,8 +40,15 @@ class Memory:
             fraction = min(1.0, limit / gpu.memory_total)
             torch.cuda.set_per_process_memory_fraction(fraction, gpu.index)
             self._limits[gpu.index] = limit
-            entries.append(Applied("torch", "memory_limit", limit, "enforced",
-                                   f"set_per_process_memory_fraction({fraction:.4f}, {gpu.index})"))
+            entries.append(
+                Applied(
+                    "torch",
+                    "memory_limit",
+                    limit,
+                    "enforced",
+                    f"set_per_process_memory_fraction({fraction:.4f}, {gpu.index})",
+                )
+            )
         return entries
 
     def memory_stats(self, device: Device) -> MemoryStats:
@@ -46,9 +57,14 @@ class Memory:
         limit = getattr(self, "_limits", {}).get(device.index)
         if limit is None:
             limit = torch.cuda.mem_get_info(device.index)[1]
-        return MemoryStats(device, "torch", in_use=torch.cuda.memory_allocated(device.index),
-                           peak=torch.cuda.max_memory_allocated(device.index), limit=limit,
-                           limit_how="enforced")
+        return MemoryStats(
+            device,
+            "torch",
+            in_use=torch.cuda.memory_allocated(device.index),
+            peak=torch.cuda.max_memory_allocated(device.index),
+            limit=limit,
+            limit_how="enforced",
+        )
 
     def measure_step(self, step, args, device):
         if device.kind == "gpu":  # the caching allocator's peak over one real step
@@ -59,8 +75,11 @@ class Memory:
             step(*args)
             torch.cuda.synchronize(index)
             peak = torch.cuda.max_memory_allocated(index)
-            return "CUDA's peak allocated over one step", {"before the step": before, "step": peak - before,
-                                                           "total": peak}
+            return "CUDA's peak allocated over one step", {
+                "before the step": before,
+                "step": peak - before,
+                "total": peak,
+            }
         # on the CPU: what autograd keeps for the backward pass in one real step (storages
         # counted once; the parameters themselves are not extra), beside the arrays held
         held = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in _tensors(args)}

@@ -7,7 +7,6 @@ from typing import Any
 import torch
 
 
-
 class ZooModule(torch.nn.Module):
     """A zoo model as a PyTorch module. ``state_dict()`` keys are the zoo's names.
 

@@ -28,8 +28,7 @@ __all__ = ["TorchOps"]
 
 # torch holds the float8 formats; its int4/uint4 are shell dtypes without kernels (even a
 # copy into one fails), so they stay out
-_DTYPES = {name: getattr(torch, name)
-           for name in (*DTYPES, *(n for n in NARROW_DTYPES if n.startswith("float8")))}
+_DTYPES = {name: getattr(torch, name) for name in (*DTYPES, *(n for n in NARROW_DTYPES if n.startswith("float8")))}
 _CONV = {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}
 _MAX_POOL = {1: F.max_pool1d, 2: F.max_pool2d, 3: F.max_pool3d}
 _AVG_POOL = {1: F.avg_pool1d, 2: F.avg_pool2d, 3: F.avg_pool3d}
@@ -180,16 +179,14 @@ class TorchOps(Ops):
         # does: last ascending, first descending) in index order both ways
         return tuple(torch.sort(x, dim=axis, descending=descending, stable=True))
 
-    def scatter(self, x: Array, indices: Array, updates: Array, axis: int = 0,
-                reduction: str = "none") -> Array:
+    def scatter(self, x: Array, indices: Array, updates: Array, axis: int = 0, reduction: str = "none") -> Array:
         index = torch.as_tensor(indices, device=x.device).long()
         index = torch.where(index < 0, index + x.shape[axis], index)
         updates = torch.broadcast_to(torch.as_tensor(updates, device=x.device), index.shape).to(x.dtype)
         if reduction in _SCATTER:
             return torch.scatter_reduce(x, axis, index, updates, _SCATTER[reduction], include_self=True)
         if reduction != "none":
-            raise UnsupportedOp(message("Unknown scatter reduction", received=reduction,
-                                        choices=["none", *_SCATTER]))
+            raise UnsupportedOp(message("Unknown scatter reduction", received=reduction, choices=["none", *_SCATTER]))
         return self.scatter_last_wins(x, index, updates, axis)
 
     def det(self, x: Array) -> Array:
@@ -228,7 +225,7 @@ class TorchOps(Ops):
         return x / y
 
     def power(self, x: Array, y: Array) -> Array:
-        return x ** y
+        return x**y
 
     def maximum(self, x: Array, y: Array) -> Array:
         return torch.maximum(*_tensors(x, y))
@@ -299,15 +296,27 @@ class TorchOps(Ops):
 
         count = len(state)
         with self._control_flow():
-            return tuple(while_loop_op(lambda *s: torch.reshape(condition(s[:count], s[count:]), ()).bool(),
-                                       lambda *s: tuple(body(s[:count], s[count:])), tuple(state), tuple(operands)))
+            return tuple(
+                while_loop_op(
+                    lambda *s: torch.reshape(condition(s[:count], s[count:]), ()).bool(),
+                    lambda *s: tuple(body(s[:count], s[count:])),
+                    tuple(state),
+                    tuple(operands),
+                )
+            )
 
     def cond(self, predicate: Array, then, otherwise, operands: tuple = ()) -> tuple:
         from torch._higher_order_ops.cond import cond_op
 
         with self._control_flow():
-            return tuple(cond_op(torch.reshape(predicate, ()).bool(), lambda *o: tuple(then(*o)),
-                                 lambda *o: tuple(otherwise(*o)), tuple(operands)))
+            return tuple(
+                cond_op(
+                    torch.reshape(predicate, ()).bool(),
+                    lambda *o: tuple(then(*o)),
+                    lambda *o: tuple(otherwise(*o)),
+                    tuple(operands),
+                )
+            )
 
     @contextlib.contextmanager
     def _control_flow(self):
@@ -385,8 +394,14 @@ class TorchOps(Ops):
         sizes = x.shape[axis] // sections if isinstance(sections, int) else [int(s) for s in sections]
         return list(torch.split(x, sizes, dim=axis))
 
-    def slice(self, x: Array, starts: Sequence[int], stops: Sequence[int],
-              axes: Sequence[int] | None = None, steps: Sequence[int] | None = None) -> Array:
+    def slice(
+        self,
+        x: Array,
+        starts: Sequence[int],
+        stops: Sequence[int],
+        axes: Sequence[int] | None = None,
+        steps: Sequence[int] | None = None,
+    ) -> Array:
         index = [builtins.slice(None)] * x.dim()
         flipped = []  # torch slices only forward: take the same elements ascending, then flip
         axes = range(len(starts)) if axes is None else axes
@@ -419,14 +434,12 @@ class TorchOps(Ops):
         indices = torch.as_tensor(indices, device=x.device).long()  # gather wants int64
         return torch.take_along_dim(x, torch.where(indices < 0, indices + x.shape[axis], indices), dim=axis)
 
-    def pad(self, x: Array, pad_width: Sequence[tuple[int, int]], mode: str = "constant",
-            value: float = 0) -> Array:
+    def pad(self, x: Array, pad_width: Sequence[tuple[int, int]], mode: str = "constant", value: float = 0) -> Array:
         pad_width = [tuple(p) for p in pad_width]
         if mode == "constant":
             return F.pad(x, _flat_pads(pad_width), value=value)
         if mode not in ("reflect", "edge"):
-            raise UnsupportedOp(message("Unknown pad mode", received=mode,
-                                        choices=["constant", "reflect", "edge"]))
+            raise UnsupportedOp(message("Unknown pad mode", received=mode, choices=["constant", "reflect", "edge"]))
         # F.pad's reflect/replicate only pad the trailing dims of batched inputs; gathering
         # source indices axis by axis works for any rank and any width (as numpy does)
         for axis, (before, after) in enumerate(pad_width):
@@ -442,15 +455,30 @@ class TorchOps(Ops):
 
     # -- neural network -------------------------------------------------------------------
 
-    def conv(self, x: Array, w: Array, b: Array | None = None, stride: int | Sequence[int] = 1,
-             padding: Any = 0, dilation: int | Sequence[int] = 1, groups: int = 1) -> Array:
+    def conv(
+        self,
+        x: Array,
+        w: Array,
+        b: Array | None = None,
+        stride: int | Sequence[int] = 1,
+        padding: Any = 0,
+        dilation: int | Sequence[int] = 1,
+        groups: int = 1,
+    ) -> Array:
         dims = w.dim() - 2
         pads = conv_padding(padding, x.shape[2:], w.shape[2:], stride, dilation)
         x, pads = _symmetric(x, pads)
         return _CONV[dims](x, w, b, as_tuple(stride, dims), pads, as_tuple(dilation, dims), groups)
 
-    def max_pool(self, x: Array, window: int | Sequence[int], stride: int | Sequence[int] | None = None,
-                 padding: Any = 0, dilation: int | Sequence[int] = 1, ceil_mode: bool = False) -> Array:
+    def max_pool(
+        self,
+        x: Array,
+        window: int | Sequence[int],
+        stride: int | Sequence[int] | None = None,
+        padding: Any = 0,
+        dilation: int | Sequence[int] = 1,
+        ceil_mode: bool = False,
+    ) -> Array:
         dims = x.dim() - 2
         window, dilation = as_tuple(window, dims), as_tuple(dilation, dims)
         stride = as_tuple(stride or window, dims)
@@ -460,8 +488,15 @@ class TorchOps(Ops):
         pads = pool_padding(padding, x.shape[2:], window, stride, dilation, ceil_mode)
         return _MAX_POOL[dims](F.pad(x, _flat_pads(pads), value=-math.inf), window, stride, 0, dilation)
 
-    def avg_pool(self, x: Array, window: int | Sequence[int], stride: int | Sequence[int] | None = None,
-                 padding: Any = 0, count_include_pad: bool = False, ceil_mode: bool = False) -> Array:
+    def avg_pool(
+        self,
+        x: Array,
+        window: int | Sequence[int],
+        stride: int | Sequence[int] | None = None,
+        padding: Any = 0,
+        count_include_pad: bool = False,
+        ceil_mode: bool = False,
+    ) -> Array:
         dims = x.dim() - 2
         window = as_tuple(window, dims)
         stride = as_tuple(stride or window, dims)
@@ -481,11 +516,11 @@ class TorchOps(Ops):
     def square(self, x: Array) -> Array:
         return torch.square(x)
 
-    def sgd_update(self, params, grads, buffers, *, lr, momentum=0.0, nesterov=False, weight_decay=0.0,
-                   inplace=False):
+    def sgd_update(self, params, grads, buffers, *, lr, momentum=0.0, nesterov=False, weight_decay=0.0, inplace=False):
         if not inplace:
-            return super().sgd_update(params, grads, buffers, lr=lr, momentum=momentum, nesterov=nesterov,
-                                      weight_decay=weight_decay)
+            return super().sgd_update(
+                params, grads, buffers, lr=lr, momentum=momentum, nesterov=nesterov, weight_decay=weight_decay
+            )
         # torch.optim.SGD's steps, each over every tensor at once, in place
         grads = _matching(grads, params)
         with torch.no_grad():
@@ -498,12 +533,24 @@ class TorchOps(Ops):
             torch._foreach_add_(params, grads, alpha=-lr)
         return params, buffers if momentum else None
 
-    def adam_update(self, params, grads, m, v, step, *, lr, beta1, beta2, eps, weight_decay=0.0,
-                    decoupled=False, inplace=False):
+    def adam_update(
+        self, params, grads, m, v, step, *, lr, beta1, beta2, eps, weight_decay=0.0, decoupled=False, inplace=False
+    ):
         dtypes = {p.dtype for p in params}
         if not inplace or len(dtypes) != 1 or dtypes.pop() not in (torch.float32, torch.float64):
-            return super().adam_update(params, grads, m, v, step, lr=lr, beta1=beta1, beta2=beta2, eps=eps,
-                                       weight_decay=weight_decay, decoupled=decoupled)
+            return super().adam_update(
+                params,
+                grads,
+                m,
+                v,
+                step,
+                lr=lr,
+                beta1=beta1,
+                beta2=beta2,
+                eps=eps,
+                weight_decay=weight_decay,
+                decoupled=decoupled,
+            )
         # the composite's steps, each over every tensor at once, in place; the bias corrections
         # are computed once, in the parameters' precision, as the composite computes them
         real = np.dtype(str(params[0].dtype).removeprefix("torch.")).type
@@ -537,8 +584,9 @@ class TorchOps(Ops):
     def clip(self, x: Array, low: float | None = None, high: float | None = None) -> Array:
         return x if low is None and high is None else torch.clamp(x, low, high)
 
-    def var(self, x: Array, axis: int | Sequence[int] | None = None, keepdims: bool = False,
-            correction: int = 0) -> Array:
+    def var(
+        self, x: Array, axis: int | Sequence[int] | None = None, keepdims: bool = False, correction: int = 0
+    ) -> Array:
         return torch.var(_floating(x), dim=_dims(axis), correction=correction, keepdim=keepdims)
 
     def logsumexp(self, x: Array, axis: int = -1, keepdims: bool = False) -> Array:
@@ -553,21 +601,20 @@ class TorchOps(Ops):
     def linear(self, x: Array, w: Array, b: Array | None = None) -> Array:
         return F.linear(x, w.t(), b)  # F.linear wants (out, in); the transpose is a free view
 
-    def layer_norm(self, x: Array, scale: Array | None, offset: Array | None, axis: int = -1,
-                   eps: float = 1e-5) -> Array:
-        normalised = x.shape[axis % x.dim():]
+    def layer_norm(
+        self, x: Array, scale: Array | None, offset: Array | None, axis: int = -1, eps: float = 1e-5
+    ) -> Array:
+        normalised = x.shape[axis % x.dim() :]
         if any(p is not None and p.shape != normalised for p in (scale, offset)):
             return super().layer_norm(x, scale, offset, axis, eps)  # merely broadcastable affine
         return F.layer_norm(x, normalised, scale, offset, eps)
 
-    def batch_norm(self, x: Array, scale: Array, offset: Array, mean: Array, var: Array,
-                   eps: float = 1e-5) -> Array:
+    def batch_norm(self, x: Array, scale: Array, offset: Array, mean: Array, var: Array, eps: float = 1e-5) -> Array:
         if mean.requires_grad or var.requires_grad:  # aten's kernel treats them as constants
             return super().batch_norm(x, scale, offset, mean, var, eps)
         return F.batch_norm(x, mean, var, scale, offset, training=False, eps=eps)
 
-    def batch_norm_train(self, x: Array, scale: Array, offset: Array, eps: float = 1e-5
-                         ) -> tuple[Array, Array, Array]:
+    def batch_norm_train(self, x: Array, scale: Array, offset: Array, eps: float = 1e-5) -> tuple[Array, Array, Array]:
         # One fused pass normalises (differentiating y through the statistics) and, with
         # momentum 1, leaves the exact batch mean and unbiased variance in the "running"
         # buffers; _BatchStats then gives those statistics their own gradient. (torch.var_mean
@@ -577,8 +624,7 @@ class TorchOps(Ops):
         count = x.numel() // x.shape[1]
         return y, *_BatchStats.apply(x, mean, var * ((count - 1) / count))
 
-    def attention(self, q: Array, k: Array, v: Array, mask: Array | None = None,
-                  scale: float | None = None) -> Array:
+    def attention(self, q: Array, k: Array, v: Array, mask: Array | None = None, scale: float | None = None) -> Array:
         if mask is not None:
             # The reference gives a fully masked row equal scores: it attends uniformly, with
             # no gradient to q or k (torch's kernels give zeros or NaN). A zero query row with
@@ -591,15 +637,14 @@ class TorchOps(Ops):
                 q, mask = torch.where(attends, q, 0.0), mask | ~attends
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
 
-    def lstm_cell(self, x: Array, h: Array, c: Array, w_ih: Array, w_hh: Array, b: Array
-                  ) -> tuple[Array, Array]:
+    def lstm_cell(self, x: Array, h: Array, c: Array, w_ih: Array, w_hh: Array, b: Array) -> tuple[Array, Array]:
         if x.dim() != 2:  # torch's cell takes one batch axis
             return super().lstm_cell(x, h, c, w_ih, w_hh, b)
         return torch.lstm_cell(x, (h, c), w_ih.t(), w_hh.t(), b)
 
-    def lstm(self, x: Array, h: Array, c: Array, w_ih: Array, w_hh: Array, b: Array
-             ) -> tuple[Array, Array, Array]:
+    def lstm(self, x: Array, h: Array, c: Array, w_ih: Array, w_hh: Array, b: Array) -> tuple[Array, Array, Array]:
         if not isinstance(x.shape[1], int):  # a symbolic time axis: aten's lstm would fix it
+
             def step(inputs, state, w_hh):
                 i, f, g, o = (inputs + state[0] @ w_hh).chunk(4, dim=-1)
                 c = torch.sigmoid(f) * state[1] + torch.sigmoid(i) * torch.tanh(g)
@@ -617,9 +662,9 @@ class TorchOps(Ops):
             return super().gru_cell(x, h, w_ih, w_hh, b_ih, b_hh)
         return torch.gru_cell(x, h, w_ih.t(), w_hh.t(), b_ih, b_hh)
 
-    def gru(self, x: Array, h: Array, w_ih: Array, w_hh: Array, b_ih: Array, b_hh: Array
-            ) -> tuple[Array, Array]:
+    def gru(self, x: Array, h: Array, w_ih: Array, w_hh: Array, b_ih: Array, b_hh: Array) -> tuple[Array, Array]:
         if not isinstance(x.shape[1], int):  # a symbolic time axis: aten's gru would fix it
+
             def step(inputs, state, w_hh, b_hh):
                 xr, xz, xn = inputs.chunk(3, dim=-1)
                 hr, hz, hn = (state[0] @ w_hh + b_hh).chunk(3, dim=-1)
@@ -646,7 +691,7 @@ def _scan_time(step, projected: torch.Tensor, state: tuple, weights: tuple) -> t
     count = len(state)
 
     def combine(*args):
-        new = step(args[count], args[:count], *args[count + 1:])
+        new = step(args[count], args[:count], *args[count + 1 :])
         return (*new, new[0].clone())
 
     out = scan_op(combine, tuple(state), (projected.transpose(0, 1),), tuple(weights))
@@ -676,6 +721,7 @@ class _BatchStats(torch.autograd.Function):
 
 # -- helpers ----------------------------------------------------------------------------------
 
+
 def _rnn_flags() -> tuple:
     """torch.lstm / torch.gru's ``has_biases, num_layers, dropout, train, bidirectional,
     batch_first`` for one batch-first layer; ``train`` makes cuDNN keep what its backward
@@ -687,9 +733,14 @@ def _dtype(name: str) -> torch.dtype:
     try:
         return _DTYPES[name]
     except KeyError:  # int4/uint4 among them: say so, not a bare KeyError
-        raise UnsupportedOp(message("The torch backend has no such dtype", received=name, choices=list(_DTYPES),
-                                    fix="hold int4/uint4 values in int8/uint8" if name in NARROW_DTYPES else None)
-                            ) from None
+        raise UnsupportedOp(
+            message(
+                "The torch backend has no such dtype",
+                received=name,
+                choices=list(_DTYPES),
+                fix="hold int4/uint4 values in int8/uint8" if name in NARROW_DTYPES else None,
+            )
+        ) from None
 
 
 def _axes(axis: int | Sequence[int]) -> int | tuple[int, ...]:

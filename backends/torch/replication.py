@@ -97,12 +97,17 @@ class Replication:
             return
         rank, size = world()
         if "MASTER_ADDR" not in os.environ:
-            raise ConfigurationError(message(
-                "torch.distributed needs the address of rank 0 to join the other processes",
-                expected="MASTER_ADDR and MASTER_PORT (xdevice launch and torchrun set them)", received="unset",
-                fix="start the script with xdevice launch"))
-        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo", init_method="env://",
-                                rank=rank, world_size=size)
+            raise ConfigurationError(
+                message(
+                    "torch.distributed needs the address of rank 0 to join the other processes",
+                    expected="MASTER_ADDR and MASTER_PORT (xdevice launch and torchrun set them)",
+                    received="unset",
+                    fix="start the script with xdevice launch",
+                )
+            )
+        dist.init_process_group(
+            "nccl" if torch.cuda.is_available() else "gloo", init_method="env://", rank=rank, world_size=size
+        )
         # left to interpreter exit, gloo's threads can abort the process ("terminate called
         # without an active exception"): leave the group in order, after every rank is done
         atexit.register(_leave_group)

@@ -26,8 +26,9 @@ class ModuleProgram(Program):
             module.to(backend.native_device(device))
         first = next(iter(module.parameters()), None)
         where = find(first.device if first is not None else "cpu", backend="torch")
-        super().__init__("torch", where, {k: v.detach() for k, v in module.named_parameters()},
-                         dict(module.named_buffers()))
+        super().__init__(
+            "torch", where, {k: v.detach() for k, v in module.named_parameters()}, dict(module.named_buffers())
+        )
         self.module = module
 
     def run(self, params, buffers, x, train):
@@ -64,11 +65,15 @@ def split(backend: Any, model: Any, devices: list[Device]) -> list[Any]:
     layers stay the user's own modules). The first layer of each run moves its input to that
     run's device, so the user's Sequential still runs as one module afterwards."""
     if not isinstance(model, torch.nn.Sequential):
-        raise ConfigurationError(message(
-            "A layer-wise split needs a sequential model", received=type(model).__qualname__,
-            expected="a torch.nn.Sequential, or a list of stages (torch modules, JAX (apply, params) "
-                     "pairs, or Keras models built on their devices)",
-            fix="pass the model's stages as a list, one per device"))
+        raise ConfigurationError(
+            message(
+                "A layer-wise split needs a sequential model",
+                received=type(model).__qualname__,
+                expected="a torch.nn.Sequential, or a list of stages (torch modules, JAX (apply, params) "
+                "pairs, or Keras models built on their devices)",
+                fix="pass the model's stages as a list, one per device",
+            )
+        )
     stages = _balanced(model, len(devices))
     for stage, where in zip(stages, devices):
         _move_inputs(stage[0], backend.native_device(where))
@@ -80,14 +85,16 @@ def _move_inputs(layer: Any, device: Any) -> None:
     if old is not None:  # split again: the new device replaces the old one
         old.remove()
     layer._xdevice_moves_inputs = layer.register_forward_pre_hook(
-        lambda module, args: tuple(a.to(device) for a in args))
+        lambda module, args: tuple(a.to(device) for a in args)
+    )
 
 
 def _balanced(sequential: torch.nn.Sequential, count: int) -> list[torch.nn.Sequential]:
     layers = list(sequential)
     if len(layers) < count:
-        raise ConfigurationError(message("More stages than layers", expected=f"at most {len(layers)} stages",
-                                         received=count))
+        raise ConfigurationError(
+            message("More stages than layers", expected=f"at most {len(layers)} stages", received=count)
+        )
     sizes = [sum(p.numel() for p in layer.parameters()) for layer in layers]
     before = [sum(sizes[:i]) for i in range(len(layers) + 1)]  # parameters before layer i
     cuts = [0]

@@ -113,8 +113,13 @@ def _find_linear(graph: Graph, uses: _Uses) -> tuple[list[Node], Node, int] | No
             continue
         b_name = add.inputs[1] if add.inputs[0] == matmul.outputs[0] else add.inputs[0]
         b = uses.constant(b_name)
-        if b is None or b.shape != (w.shape[1],) or b.dtype != w.dtype or w_name not in graph.initializers \
-                or b_name not in graph.initializers:
+        if (
+            b is None
+            or b.shape != (w.shape[1],)
+            or b.dtype != w.dtype
+            or w_name not in graph.initializers
+            or b_name not in graph.initializers
+        ):
             continue  # weights as initializers: they are the model's params
         return [matmul, add], _node("Linear", [x, w_name, b_name], add.outputs, _LINEAR, graph.opsets), add._position
     return None
@@ -142,8 +147,11 @@ def _find_gelu(graph: Graph, uses: _Uses) -> tuple[list[Node], Node, int] | None
         half = [name for name in factors if _scalar(uses.constant(name), 0.5)]
         if len(factors) != 2 or len(half) != 1 or (factors - set(half)) != {x}:
             continue
-        return ([div, erf, add, first, second], _node("Gelu", [x], second.outputs, _GELU, graph.opsets),
-                second._position)
+        return (
+            [div, erf, add, first, second],
+            _node("Gelu", [x], second.outputs, _GELU, graph.opsets),
+            second._position,
+        )
     return None
 
 

@@ -53,8 +53,13 @@ def declared_inputs(graph: Any, initializers: Sequence[str]) -> list[Declared]:
     return found
 
 
-def check_inputs(declared: Sequence[Declared], values: Sequence[Any], shape_of: Callable[[Any], tuple],
-                 dtype_of: Callable[[Any], str] | None, held: Callable[[str], str] = lambda d: d) -> None:
+def check_inputs(
+    declared: Sequence[Declared],
+    values: Sequence[Any],
+    shape_of: Callable[[Any], tuple],
+    dtype_of: Callable[[Any], str] | None,
+    held: Callable[[str], str] = lambda d: d,
+) -> None:
     """Raise :class:`InputError` for the first input whose dtype (when ``dtype_of`` is given),
     rank or dims disagree with ``declared``; symbolic dims must agree across inputs. Values
     without a shape (sequences, None) and dims that are symbolic under tracing pass. ``held``
@@ -67,29 +72,45 @@ def check_inputs(declared: Sequence[Declared], values: Sequence[Any], shape_of: 
         if dtype_of is not None and hasattr(value, "dtype"):
             got = dtype_of(value)
             if got != spec.dtype and got != held(spec.dtype):
-                raise InputError(message(
-                    f"Input {spec.name!r} has dtype {got}, but the model declares {spec.dtype}",
-                    expected=f"{spec.dtype} {spec.shape()}", received=f"{got} {list(shape_of(value))}",
-                    fix=f"convert it first, e.g. x.astype('{spec.dtype}') for numpy"))
+                raise InputError(
+                    message(
+                        f"Input {spec.name!r} has dtype {got}, but the model declares {spec.dtype}",
+                        expected=f"{spec.dtype} {spec.shape()}",
+                        received=f"{got} {list(shape_of(value))}",
+                        fix=f"convert it first, e.g. x.astype('{spec.dtype}') for numpy",
+                    )
+                )
         if spec.dims is None:
             continue
         shape = tuple(shape_of(value))
         if len(shape) != len(spec.dims):
-            raise InputError(message(
-                f"Input {spec.name!r} has {len(shape)} dimension(s), but the model declares {len(spec.dims)}",
-                expected=spec.shape(), received=list(shape),
-                fix="reshape the input (a single example may need a batch axis: x[None])"))
+            raise InputError(
+                message(
+                    f"Input {spec.name!r} has {len(shape)} dimension(s), but the model declares {len(spec.dims)}",
+                    expected=spec.shape(),
+                    received=list(shape),
+                    fix="reshape the input (a single example may need a batch axis: x[None])",
+                )
+            )
         for axis, (size, want) in enumerate(zip(shape, spec.dims)):
             if type(size) is not int or want is None:
                 continue
             if isinstance(want, int) and size != want:
-                raise InputError(message(
-                    f"Input {spec.name!r} has size {size} in dimension {axis}, which the model fixes at {want}",
-                    expected=spec.shape(), received=list(shape)))
+                raise InputError(
+                    message(
+                        f"Input {spec.name!r} has size {size} in dimension {axis}, which the model fixes at {want}",
+                        expected=spec.shape(),
+                        received=list(shape),
+                    )
+                )
             if isinstance(want, str):
                 first = bound.setdefault(want, (size, spec.name))
                 if first[0] != size:
-                    raise InputError(message(
-                        f"Input {spec.name!r} has size {size} in dimension {axis} ({want!r}), but input "
-                        f"{first[1]!r} gave {want!r} the size {first[0]}",
-                        expected=f"one size for every dimension named {want!r}", received=list(shape)))
+                    raise InputError(
+                        message(
+                            f"Input {spec.name!r} has size {size} in dimension {axis} ({want!r}), but input "
+                            f"{first[1]!r} gave {want!r} the size {first[0]}",
+                            expected=f"one size for every dimension named {want!r}",
+                            received=list(shape),
+                        )
+                    )

@@ -31,14 +31,42 @@ import numpy as np
 from xdevice._errors import ConversionError, UnsupportedOp, message
 from xdevice.converters.importer import registry
 
-__all__ = ["Graph", "Node", "Context", "Optional", "Plan", "run_graph", "unsupported", "numpy_of",
-           "ONNX_DTYPES", "onnx_dtype"]
+__all__ = [
+    "Graph",
+    "Node",
+    "Context",
+    "Optional",
+    "Plan",
+    "run_graph",
+    "unsupported",
+    "numpy_of",
+    "ONNX_DTYPES",
+    "onnx_dtype",
+]
 
 # ONNX TensorProto data types by number, as our dtype names ("string" for STRING)
-ONNX_DTYPES = {1: "float32", 2: "uint8", 3: "int8", 4: "uint16", 5: "int16", 6: "int32", 7: "int64",
-               8: "string", 9: "bool", 10: "float16", 11: "float64", 12: "uint32", 13: "uint64",
-               16: "bfloat16", 17: "float8_e4m3fn", 18: "float8_e4m3fnuz", 19: "float8_e5m2",
-               20: "float8_e5m2fnuz", 21: "uint4", 22: "int4"}
+ONNX_DTYPES = {
+    1: "float32",
+    2: "uint8",
+    3: "int8",
+    4: "uint16",
+    5: "int16",
+    6: "int32",
+    7: "int64",
+    8: "string",
+    9: "bool",
+    10: "float16",
+    11: "float64",
+    12: "uint32",
+    13: "uint64",
+    16: "bfloat16",
+    17: "float8_e4m3fn",
+    18: "float8_e4m3fnuz",
+    19: "float8_e5m2",
+    20: "float8_e5m2fnuz",
+    21: "uint4",
+    22: "int4",
+}
 _RANDOM = ("RandomNormal", "RandomNormalLike", "RandomUniform", "RandomUniformLike", "Bernoulli", "Multinomial")
 #: ops whose static output depends on their input's shape alone, not its values
 _SHAPE_ONLY = ("Shape", "Size")
@@ -48,8 +76,13 @@ def onnx_dtype(code: int) -> str:
     if code not in ONNX_DTYPES:
         import onnx
 
-        raise UnsupportedOp(message("Unsupported ONNX tensor type", received=onnx.TensorProto.DataType.Name(code),
-                                    choices=sorted(set(ONNX_DTYPES.values()))))
+        raise UnsupportedOp(
+            message(
+                "Unsupported ONNX tensor type",
+                received=onnx.TensorProto.DataType.Name(code),
+                choices=sorted(set(ONNX_DTYPES.values())),
+            )
+        )
     return ONNX_DTYPES[code]
 
 
@@ -85,8 +118,9 @@ class Node:
                 value = [v.decode() for v in value]
             self.attrs[attribute.name] = value
         self.domain_key = "" if self.domain in ("", "ai.onnx") else self.domain
-        self.has_subgraph = any(isinstance(v, Graph) or (isinstance(v, list) and v and isinstance(v[0], Graph))
-                                for v in self.attrs.values())
+        self.has_subgraph = any(
+            isinstance(v, Graph) or (isinstance(v, list) and v and isinstance(v[0], Graph)) for v in self.attrs.values()
+        )
         self.foldable = self.op not in _RANDOM and not self.has_subgraph
         self.handler: registry.Handler | None = None  # set by Graph.bind
         self.read: list[bool] = [True] * len(self.outputs)  # which outputs a later node or the graph reads
@@ -113,8 +147,13 @@ class Graph:
         read = {*self.outputs}
         for node in self.nodes:
             read.update(node.inputs)
-            read.update(n for v in node.attrs.values() for g in (v if isinstance(v, list) else [v])
-                        if isinstance(g, Graph) for n in g.outer_names)
+            read.update(
+                n
+                for v in node.attrs.values()
+                for g in (v if isinstance(v, list) else [v])
+                if isinstance(g, Graph)
+                for n in g.outer_names
+            )
         for node in self.nodes:
             node.read = [name in read for name in node.outputs]
 
@@ -139,8 +178,9 @@ class Graph:
         defined = {*self.inputs, *self.initializers, ""}
         found: dict[str, None] = {}
         for node in self.nodes:
-            subgraphs = [g for v in node.attrs.values() for g in (v if isinstance(v, list) else [v])
-                         if isinstance(g, Graph)]
+            subgraphs = [
+                g for v in node.attrs.values() for g in (v if isinstance(v, list) else [v]) if isinstance(g, Graph)
+            ]
             for name in [*node.inputs, *(n for g in subgraphs for n in g.outer_names)]:
                 if name not in defined:
                     found[name] = None
@@ -204,12 +244,15 @@ class Context:
             return np.asarray(value)
         try:
             return np.asarray(self.ops.to_numpy(value))
-        except Exception as error:  # noqa: BLE001 - each framework's tracer raises its own type
+        except Exception as error:
             where = f"{self.node.op} node {self.node.name!r}" if self.node else "a node"
-            raise ConversionError(message(
-                f"{where} needs a value known when the graph is built, but it depends on a "
-                "traced input", received=f"{type(error).__name__}: {error}".splitlines()[0],
-                fix="make that input a constant or initializer, or run the model eagerly")) from error
+            raise ConversionError(
+                message(
+                    f"{where} needs a value known when the graph is built, but it depends on a traced input",
+                    received=f"{type(error).__name__}: {error}".splitlines()[0],
+                    fix="make that input a constant or initializer, or run the model eagerly",
+                )
+            ) from error
 
     def known(self, value: Any) -> np.ndarray | None:
         """``value`` as numpy when it is known while the graph is built, else None: a value
@@ -230,8 +273,12 @@ class Context:
                 items = [ops.asarray(v, "int64") for v in value.reshape(-1)]
                 return ops.reshape(ops.stack(items), value.shape) if items else ops.asarray(value.astype(np.int64))
             if value.dtype.kind in "OSU":
-                raise UnsupportedOp(message(f"The {self.backend.name} backend has no string tensors",
-                                            fix="run string ops with the numpy backend"))
+                raise UnsupportedOp(
+                    message(
+                        f"The {self.backend.name} backend has no string tensors",
+                        fix="run string ops with the numpy backend",
+                    )
+                )
             return self.ops.asarray(value)
         return value
 
@@ -296,8 +343,16 @@ def run_graph(graph: Graph, ctx: Context, values: dict[str, Any], plan: Plan | N
             if not isinstance(outputs, tuple):
                 outputs = (outputs,)
             if plan is not None and plan.recording:  # an initializer not replaced by a param is fixed
-                plan.note(index, node, all(name in plan.fixed or (name in graph.initializers and is_static(values[name]))
-                                           for name in node.inputs if name), outputs)
+                plan.note(
+                    index,
+                    node,
+                    all(
+                        name in plan.fixed or (name in graph.initializers and is_static(values[name]))
+                        for name in node.inputs
+                        if name
+                    ),
+                    outputs,
+                )
         for name, value in zip(node.outputs, outputs):
             if name:
                 values[name] = value
@@ -306,8 +361,9 @@ def run_graph(graph: Graph, ctx: Context, values: dict[str, Any], plan: Plan | N
     return [values[name] for name in graph.outputs]
 
 
-def _run_node(node: Node, ctx: Context, opsets: dict[str, int], args: list, values: dict, fold: bool,
-              symbolic: bool = False) -> Any:
+def _run_node(
+    node: Node, ctx: Context, opsets: dict[str, int], args: list, values: dict, fold: bool, symbolic: bool = False
+) -> Any:
     found = node.handler
     if found is None:  # a graph nobody bound: resolve it now (unsupported() guards the rest)
         found, _ = registry.resolve(node.op, node.domain_key, opsets[node.domain_key])
@@ -327,8 +383,10 @@ def _run_node(node: Node, ctx: Context, opsets: dict[str, int], args: list, valu
             static = found.static
             # a loop's carried values stay as they are: a counter known when the graph is built
             # keeps the loop's condition known too (a Keras RNN's loop under jax.jit / tf.function)
-            args = [ctx.static(a) if i in static else a if node.has_subgraph and is_static(a) else ctx.array(a)
-                    for i, a in enumerate(args)]
+            args = [
+                ctx.static(a) if i in static else a if node.has_subgraph and is_static(a) else ctx.array(a)
+                for i, a in enumerate(args)
+            ]
         if node.has_subgraph:  # its own context, holding the outer scope its subgraphs read
             target = copy.copy(target)
             target.values = values
@@ -363,6 +421,10 @@ def _numpy_context(ctx: Context) -> Context:
 
 
 def _missing_input(node: Node, name: str):
-    raise ConversionError(message(f"{node.op} node {node.name!r} reads {name!r}, which no earlier node "
-                                  "produces", expected="nodes in topological order",
-                                  fix="run onnx.checker and re-export the model"))
+    raise ConversionError(
+        message(
+            f"{node.op} node {node.name!r} reads {name!r}, which no earlier node produces",
+            expected="nodes in topological order",
+            fix="run onnx.checker and re-export the model",
+        )
+    )

@@ -65,9 +65,13 @@ class ImportedModel:
         self.graph = Graph(proto.graph, opsets)
         missing = unsupported(self.graph)
         if missing:
-            raise UnsupportedOp(message(
-                f"{len(missing)} ONNX op(s) in this model have no handler", received="; ".join(missing),
-                fix="these ops cannot be imported yet; `xdevice conformance` shows what is covered"))
+            raise UnsupportedOp(
+                message(
+                    f"{len(missing)} ONNX op(s) in this model have no handler",
+                    received="; ".join(missing),
+                    fix="these ops cannot be imported yet; `xdevice conformance` shows what is covered",
+                )
+            )
         constants, readers = _constants(self.graph)
         self.fused = fuse(self.graph)
         self.backend = _registry.backend(backend)
@@ -84,8 +88,11 @@ class ImportedModel:
         self._plans: dict[tuple, Plan] = {}
         # the framework's default device is set around each call only off cpu:0, where new
         # arrays land anyway (torch's device context intercepts every torch call)
-        self._scope = ((lambda: self.backend.default_device(self.device)) if self.device != Device("cpu", 0)
-                       else contextlib.nullcontext)
+        self._scope = (
+            (lambda: self.backend.default_device(self.device))
+            if self.device != Device("cpu", 0)
+            else contextlib.nullcontext
+        )
         self._programs: dict[tuple, Any] = {}  # input signature -> the captured program
         self._captures = self.backend.capture(_probe) is not _probe  # False: nothing to gain
 
@@ -93,9 +100,13 @@ class ImportedModel:
         """The graph's outputs for ``inputs`` with the float initializers taken from
         ``params`` (a pure function of both: differentiate or compile it natively)."""
         if len(inputs) != len(self.input_names):
-            raise ConversionError(message(
-                "Wrong number of inputs", expected=f"{len(self.input_names)}: {', '.join(self.input_names)}",
-                received=len(inputs)))
+            raise ConversionError(
+                message(
+                    "Wrong number of inputs",
+                    expected=f"{len(self.input_names)}: {', '.join(self.input_names)}",
+                    received=len(inputs),
+                )
+            )
         ctx = Context(self.backend)
         feeds = [self._input(x) for x in inputs]
         key = _signature(self.backend.ops, feeds)
@@ -147,11 +158,14 @@ class ImportedModel:
             return self._program(inputs)[0]
         except XDeviceError:
             raise
-        except Exception as error:  # noqa: BLE001 - each tracer refuses concrete values its own way
-            raise ConversionError(message(
-                "This graph cannot be traced: it needs concrete data while it is built",
-                received=f"{type(error).__name__}: {str(error).splitlines()[0][:300]}",
-                fix="call the model (or apply) eagerly")) from error
+        except Exception as error:
+            raise ConversionError(
+                message(
+                    "This graph cannot be traced: it needs concrete data while it is built",
+                    received=f"{type(error).__name__}: {str(error).splitlines()[0][:300]}",
+                    fix="call the model (or apply) eagerly",
+                )
+            ) from error
 
     def to_onnx(self) -> Any:
         """The model as an ``onnx.ModelProto`` again: its own graph, with the current weights
@@ -187,9 +201,13 @@ class ImportedModel:
         """Count, dtypes and shapes of a call's inputs against the graph's declarations, once
         per signature (:class:`InputError` naming the input)."""
         if len(inputs) != len(self.input_names):
-            raise InputError(message(
-                "Wrong number of inputs", expected=f"{len(self.input_names)}: {', '.join(self.input_names)}",
-                received=len(inputs)))
+            raise InputError(
+                message(
+                    "Wrong number of inputs",
+                    expected=f"{len(self.input_names)}: {', '.join(self.input_names)}",
+                    received=len(inputs),
+                )
+            )
         key = tuple((getattr(x, "shape", None), str(getattr(x, "dtype", type(x)))) for x in inputs)
         if key in self._checked:
             return
@@ -220,8 +238,10 @@ class ImportedModel:
 
     def __repr__(self) -> str:
         shared = f", {len(self.shared)} read by several nodes" if self.shared else ""
-        return (f"<ImportedModel opset {self.opset} on {self.backend.name} {self.device}: "
-                f"inputs {self.input_names} -> outputs {self.output_names}; {len(self.params)} weights{shared}>")
+        return (
+            f"<ImportedModel opset {self.opset} on {self.backend.name} {self.device}: "
+            f"inputs {self.input_names} -> outputs {self.output_names}; {len(self.params)} weights{shared}>"
+        )
 
 
 _PLANS = 64

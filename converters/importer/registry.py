@@ -23,8 +23,21 @@ from collections.abc import Callable
 __all__ = ["Handler", "handler", "resolve", "HANDLER_MODULES"]
 
 #: The modules that hold handlers, imported together on first use.
-HANDLER_MODULES = ("elementwise", "tensor", "reduce", "normalization", "softmax", "convolution", "pooling",
-                   "attention", "recurrent", "image", "sequence", "control", "quantize")
+HANDLER_MODULES = (
+    "elementwise",
+    "tensor",
+    "reduce",
+    "normalization",
+    "softmax",
+    "convolution",
+    "pooling",
+    "attention",
+    "recurrent",
+    "image",
+    "sequence",
+    "control",
+    "quantize",
+)
 
 _registry: dict[tuple[str, str], list[Handler]] = {}
 _loaded = False

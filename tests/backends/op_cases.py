@@ -71,20 +71,54 @@ case("bitwise_not-bool", "bitwise_not", bools(3, 4))
 case("fmod-float", "fmod", lambda rng: rng.uniform(-5, 5, (3, 4)), away_from_zero(3, 4), grad=[0])
 case("fmod-int", "fmod", ints(-20, 20, 3, 4), lambda rng: rng.choice([-5, -3, 2, 7], size=(3, 4)).astype("int32"))
 case("cumprod", "cumprod", away_from_zero(3, 4), grad=[0], axis=1)
-case("cumprod-with-zero", "cumprod", lambda rng: np.array([[1.5, 0.0, 2.0, -3.0], [0.5, 2.0, 0.0, 1.0]]), grad=[0],
-     axis=1)
+case(
+    "cumprod-with-zero",
+    "cumprod",
+    lambda rng: np.array([[1.5, 0.0, 2.0, -3.0], [0.5, 2.0, 0.0, 1.0]]),
+    grad=[0],
+    axis=1,
+)
 case("sort", "sort", normal(3, 5), grad=[0], axis=1)
 case("sort-descending-ties", "sort", lambda rng: np.array([[2.0, 1.0, 2.0, 0.5, 1.0]]), axis=-1, descending=True)
 case("sort-ascending-ties-axis0", "sort", lambda rng: np.array([[1.0, 2.0], [1.0, 0.0], [0.5, 2.0]]), axis=0)
-case("scatter", "scatter", normal(3, 5), lambda rng: np.array([[0, 4], [2, -1], [1, 3]]), normal(3, 2),
-     grad=[0, 2], axis=1)
-case("scatter-add-duplicates", "scatter", normal(3, 5), lambda rng: np.array([[0, 0], [2, 2], [1, 3]]),
-     normal(3, 2), grad=[0, 2], axis=1, reduction="add")
-case("scatter-duplicates-last-wins", "scatter", normal(2, 4), lambda rng: np.array([[1, 1, -3], [0, 2, 0]]),
-     normal(2, 3), grad=[0, 2], axis=1)
+case(
+    "scatter",
+    "scatter",
+    normal(3, 5),
+    lambda rng: np.array([[0, 4], [2, -1], [1, 3]]),
+    normal(3, 2),
+    grad=[0, 2],
+    axis=1,
+)
+case(
+    "scatter-add-duplicates",
+    "scatter",
+    normal(3, 5),
+    lambda rng: np.array([[0, 0], [2, 2], [1, 3]]),
+    normal(3, 2),
+    grad=[0, 2],
+    axis=1,
+    reduction="add",
+)
+case(
+    "scatter-duplicates-last-wins",
+    "scatter",
+    normal(2, 4),
+    lambda rng: np.array([[1, 1, -3], [0, 2, 0]]),
+    normal(2, 3),
+    grad=[0, 2],
+    axis=1,
+)
 for reduction in ("mul", "max", "min"):
-    case(f"scatter-{reduction}", "scatter", normal(4, 3), lambda rng: np.array([[1, 0, 2], [3, 3, 0]]),
-         normal(2, 3), axis=0, reduction=reduction)
+    case(
+        f"scatter-{reduction}",
+        "scatter",
+        normal(4, 3),
+        lambda rng: np.array([[1, 0, 2], [3, 3, 0]]),
+        normal(2, 3),
+        axis=0,
+        reduction=reduction,
+    )
 case("det", "det", lambda rng: rng.normal(size=(2, 3, 3)) + 3 * np.eye(3), grad=[0])
 case("tan", "tan", lambda rng: rng.uniform(-1, 1, (3, 4)), grad=[0])
 case("abs", "abs", away_from_zero(3, 4), grad=[0])
@@ -160,8 +194,13 @@ case("transpose-reverse", "transpose", normal(2, 3, 4), grad=[0])
 case("expand_dims", "expand_dims", normal(2, 3), -1, grad=[0])
 case("squeeze", "squeeze", normal(2, 1, 3, 1), grad=[0], axis=1)
 case("broadcast_to", "broadcast_to", normal(3, 1), (2, 3, 4), grad=[0])
-case("concat", "concat", lambda rng: [rng.normal(size=(2, 3)), rng.normal(size=(2, 1)), rng.normal(size=(2, 2))],
-     grad=[0], axis=1)
+case(
+    "concat",
+    "concat",
+    lambda rng: [rng.normal(size=(2, 3)), rng.normal(size=(2, 1)), rng.normal(size=(2, 2))],
+    grad=[0],
+    axis=1,
+)
 case("stack", "stack", lambda rng: [rng.normal(size=(2, 3)) for _ in range(3)], grad=[0], axis=1)
 case("split-equal", "split", normal(2, 6), 3, grad=[0], axis=1)
 case("split-sizes", "split", normal(6, 2), [1, 2, 3], grad=[0], axis=0)
@@ -192,8 +231,18 @@ case("conv2d-stride-pad", "conv", normal(2, 3, 8, 7), normal(4, 3, 3, 2), None, 
 case("conv2d-dilated", "conv", normal(1, 2, 9, 9), normal(3, 2, 3, 3), grad=[0, 1], dilation=2)
 case("conv2d-groups", "conv", normal(2, 4, 6, 6), normal(6, 2, 3, 3), normal(6), grad=[0, 1, 2], groups=2, padding=1)
 case("conv2d-depthwise", "conv", normal(1, 3, 5, 5), normal(3, 1, 3, 3), grad=[0, 1], groups=3, padding=1)
-case("conv2d-depthwise-strided-dilated-multiplier", "conv", normal(2, 3, 9, 8), normal(6, 1, 3, 2), normal(6),
-     grad=[0, 1, 2], groups=3, stride=2, dilation=(2, 1), padding=[(1, 2), (0, 1)])
+case(
+    "conv2d-depthwise-strided-dilated-multiplier",
+    "conv",
+    normal(2, 3, 9, 8),
+    normal(6, 1, 3, 2),
+    normal(6),
+    grad=[0, 1, 2],
+    groups=3,
+    stride=2,
+    dilation=(2, 1),
+    padding=[(1, 2), (0, 1)],
+)
 case("conv2d-same", "conv", normal(1, 2, 7, 6), normal(3, 2, 3, 3), grad=[0, 1], stride=2, padding="same")
 case("conv2d-valid", "conv", normal(1, 2, 7, 6), normal(3, 2, 2, 3), grad=[0, 1], padding="valid")
 case("conv2d-asymmetric-pad", "conv", normal(1, 2, 5, 5), normal(3, 2, 3, 3), grad=[0, 1], padding=[(1, 0), (0, 2)])
@@ -203,13 +252,29 @@ case("max_pool2d", "max_pool", normal(2, 3, 8, 8), grad=[0], window=2)
 case("max_pool2d-stride-pad", "max_pool", normal(2, 3, 9, 8), grad=[0], window=3, stride=2, padding=1)
 case("max_pool2d-ceil", "max_pool", normal(1, 2, 9, 9), grad=[0], window=2, ceil_mode=True)
 case("max_pool2d-dilated", "max_pool", normal(1, 2, 9, 9), grad=[0], window=2, stride=1, dilation=2)
-case("max_pool2d-dilated-strided-padded", "max_pool", normal(2, 2, 12, 11), grad=[0], window=(3, 2), stride=2,
-     dilation=(2, 3), padding=1)
+case(
+    "max_pool2d-dilated-strided-padded",
+    "max_pool",
+    normal(2, 2, 12, 11),
+    grad=[0],
+    window=(3, 2),
+    stride=2,
+    dilation=(2, 3),
+    padding=1,
+)
 case("max_pool1d", "max_pool", normal(2, 3, 10), grad=[0], window=3, stride=2)
 case("avg_pool2d", "avg_pool", normal(2, 3, 8, 8), grad=[0], window=2)
 case("avg_pool2d-pad-excluded", "avg_pool", normal(1, 2, 7, 7), grad=[0], window=3, stride=2, padding=1)
-case("avg_pool2d-pad-included", "avg_pool", normal(1, 2, 7, 7), grad=[0], window=3, stride=2, padding=1,
-     count_include_pad=True)
+case(
+    "avg_pool2d-pad-included",
+    "avg_pool",
+    normal(1, 2, 7, 7),
+    grad=[0],
+    window=3,
+    stride=2,
+    padding=1,
+    count_include_pad=True,
+)
 case("avg_pool2d-ceil", "avg_pool", normal(1, 2, 9, 9), grad=[0], window=2, ceil_mode=True)
 case("avg_pool2d-window-all-padding", "avg_pool", normal(1, 1, 3, 3), window=2, stride=1, padding=2)
 case("avg_pool1d", "avg_pool", normal(2, 3, 10), grad=[0], window=3, stride=2)
@@ -219,17 +284,66 @@ case("layer_norm-two-axes", "layer_norm", normal(2, 3, 4), normal(3, 4), normal(
 case("batch_norm", "batch_norm", normal(4, 3, 5, 5), normal(3), normal(3), normal(3), positive(3), grad=[0, 1, 2])
 case("batch_norm_train", "batch_norm_train", normal(4, 3, 5, 5), normal(3), normal(3), grad=[0, 1, 2])
 case("attention", "attention", normal(2, 2, 5, 4), normal(2, 2, 6, 4), normal(2, 2, 6, 3), grad=[0, 1, 2])
-case("attention-mask", "attention", normal(2, 2, 5, 4), normal(2, 2, 6, 4), normal(2, 2, 6, 3),
-     lambda rng: np.concatenate([np.ones((2, 1, 1, 3), bool), rng.random((2, 1, 1, 3)) < 0.5], -1),
-     grad=[0, 1, 2])
-case("attention-fully-masked-row", "attention", normal(1, 1, 2, 4), normal(1, 1, 3, 4), normal(1, 1, 3, 2),
-     lambda rng: np.array([[[[True, False, True], [False, False, False]]]]), grad=[0, 1, 2])
-case("lstm_cell", "lstm_cell", normal(3, 4), normal(3, 5), normal(3, 5), normal(4, 20), normal(5, 20),
-     normal(20), grad=[0, 1, 2, 3, 4, 5])
-case("lstm", "lstm", normal(2, 6, 4), normal(2, 5), normal(2, 5), normal(4, 20), normal(5, 20), normal(20),
-     grad=[0, 1, 2, 3, 4, 5])
-case("gru_cell", "gru_cell", normal(3, 4), normal(3, 5), normal(4, 15), normal(5, 15), normal(15), normal(15),
-     grad=[0, 1, 2, 3, 4, 5])
-case("gru", "gru", normal(2, 6, 4), normal(2, 5), normal(4, 15), normal(5, 15), normal(15), normal(15),
-     grad=[0, 1, 2, 3, 4, 5])
+case(
+    "attention-mask",
+    "attention",
+    normal(2, 2, 5, 4),
+    normal(2, 2, 6, 4),
+    normal(2, 2, 6, 3),
+    lambda rng: np.concatenate([np.ones((2, 1, 1, 3), bool), rng.random((2, 1, 1, 3)) < 0.5], -1),
+    grad=[0, 1, 2],
+)
+case(
+    "attention-fully-masked-row",
+    "attention",
+    normal(1, 1, 2, 4),
+    normal(1, 1, 3, 4),
+    normal(1, 1, 3, 2),
+    lambda rng: np.array([[[[True, False, True], [False, False, False]]]]),
+    grad=[0, 1, 2],
+)
+case(
+    "lstm_cell",
+    "lstm_cell",
+    normal(3, 4),
+    normal(3, 5),
+    normal(3, 5),
+    normal(4, 20),
+    normal(5, 20),
+    normal(20),
+    grad=[0, 1, 2, 3, 4, 5],
+)
+case(
+    "lstm",
+    "lstm",
+    normal(2, 6, 4),
+    normal(2, 5),
+    normal(2, 5),
+    normal(4, 20),
+    normal(5, 20),
+    normal(20),
+    grad=[0, 1, 2, 3, 4, 5],
+)
+case(
+    "gru_cell",
+    "gru_cell",
+    normal(3, 4),
+    normal(3, 5),
+    normal(4, 15),
+    normal(5, 15),
+    normal(15),
+    normal(15),
+    grad=[0, 1, 2, 3, 4, 5],
+)
+case(
+    "gru",
+    "gru",
+    normal(2, 6, 4),
+    normal(2, 5),
+    normal(4, 15),
+    normal(5, 15),
+    normal(15),
+    normal(15),
+    grad=[0, 1, 2, 3, 4, 5],
+)
 case("cross_entropy", "cross_entropy", normal(6, 5), ints(0, 5, 6), grad=[0])

@@ -10,9 +10,11 @@ from xdevice import _registry
 from xdevice.backends.base import OWNED_KINDS, Backend
 
 ABSTRACT = sorted(Backend.__abstractmethods__)
-HOOKS = sorted(name for name, value in vars(Backend).items()
-               if callable(value) and not name.startswith("_") and name not in Backend.__abstractmethods__
-               and name != "require")
+HOOKS = sorted(
+    name
+    for name, value in vars(Backend).items()
+    if callable(value) and not name.startswith("_") and name not in Backend.__abstractmethods__ and name != "require"
+)
 #: the functions of a backend's training.py the trainer calls, with their parameters
 TRAINING = {"program": ["backend", "model", "device"], "split": ["backend", "model", "devices"]}
 
@@ -73,8 +75,9 @@ def test_the_backend_name_is_its_framework_import_name(backend):
     assert backend.title and backend.version()
 
 
-@pytest.mark.parametrize("flag", ["supports_memory_limit", "supports_preallocation",
-                                  "supports_virtual_devices", "has_default_device"])
+@pytest.mark.parametrize(
+    "flag", ["supports_memory_limit", "supports_preallocation", "supports_virtual_devices", "has_default_device"]
+)
 def test_capability_flags_are_booleans(backend, flag):
     assert isinstance(getattr(backend, flag), bool)
 

@@ -19,8 +19,10 @@ STEP = 1e-6
 def test_tape_gradient_matches_central_finite_differences(case):
     ops = NUMPY.ops
     inputs = list(case.inputs(np.random.default_rng(0)))
-    cotangents = [np.random.default_rng(1 + i).normal(size=np.shape(o))
-                  for i, o in enumerate(outputs(getattr(ops, case.op)(*inputs, **case.kwargs)))]
+    cotangents = [
+        np.random.default_rng(1 + i).normal(size=np.shape(o))
+        for i, o in enumerate(outputs(getattr(ops, case.op)(*inputs, **case.kwargs)))
+    ]
 
     def loss(params):
         given = substitute(inputs, params)

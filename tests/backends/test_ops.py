@@ -61,7 +61,6 @@ def run(backend, case, inputs, dtype):
     return outputs(getattr(ops, case.op)(*[to_backend(ops, v, dtype) for v in inputs], **case.kwargs))
 
 
-
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
 def test_op_matches_the_numpy_reference(backend, case):
     inputs = case.inputs(np.random.default_rng(0))
@@ -82,8 +81,10 @@ GRAD_CASES = [c for c in CASES if c.grad]
 @pytest.mark.parametrize("case", GRAD_CASES, ids=[c.id for c in GRAD_CASES])
 def test_op_gradient_matches_the_numpy_reference(backend, case):
     inputs = case.inputs(np.random.default_rng(0))
-    cotangents = [np.random.default_rng(1 + i).normal(size=np.shape(e))
-                  for i, e in enumerate(run(REFERENCE, case, inputs, "float64"))]
+    cotangents = [
+        np.random.default_rng(1 + i).normal(size=np.shape(e))
+        for i, e in enumerate(run(REFERENCE, case, inputs, "float64"))
+    ]
 
     def gradients(target, dtype):
         ops = target.ops
@@ -160,8 +161,9 @@ def test_the_ops_class_implements_the_whole_op_set(backend):
 def test_each_op_has_the_contract_signature(backend, method):
     expected = inspect.signature(getattr(Ops, method))
     actual = inspect.signature(getattr(type(backend.ops), method))
-    assert [(p.name, p.kind, p.default) for p in actual.parameters.values()] == \
-           [(p.name, p.kind, p.default) for p in expected.parameters.values()]
+    assert [(p.name, p.kind, p.default) for p in actual.parameters.values()] == [
+        (p.name, p.kind, p.default) for p in expected.parameters.values()
+    ]
 
 
 def test_a_wide_dilated_max_pool_runs_as_one_window_reduction(backend):

@@ -22,81 +22,150 @@ def _const(name, value, dtype):
 
 
 def _model(nodes, inputs, outputs, initializers=()):
-    model = helper.make_model(helper.make_graph(nodes, "g", inputs, outputs, list(initializers)),
-                              opset_imports=[helper.make_opsetid("", 18)])
+    model = helper.make_model(
+        helper.make_graph(nodes, "g", inputs, outputs, list(initializers)), opset_imports=[helper.make_opsetid("", 18)]
+    )
     model.ir_version = 10
     return model
 
 
 def branch_model(else_width: int = 3):
     """y = x * 2 if sum(x) > 0 else x - 1: the branch depends on the input's values."""
-    then = helper.make_graph([node("Mul", ["x", "two"], ["a"])], "then", [],
-                             [info("a", TensorProto.FLOAT, ["batch", 3])], [_const("two", 2.0, np.float32)])
-    other = helper.make_graph([node("Sub", ["x", "one"], ["b0"]),
-                               node("Slice", ["b0", "start", "width", "last"], ["b"])], "else", [],
-                              [info("b", TensorProto.FLOAT, ["batch", else_width])],
-                              [_const("one", 1.0, np.float32), _const("start", [0], np.int64),
-                               _const("width", [else_width], np.int64), _const("last", [1], np.int64)])
-    return _model([node("ReduceSum", ["x"], ["total"], keepdims=0), node("Greater", ["total", "zero"], ["positive"]),
-                   node("If", ["positive"], ["y"], then_branch=then, else_branch=other, name="choose")],
-                  [info("x", TensorProto.FLOAT, ["batch", 3])], [info("y", TensorProto.FLOAT, ["batch", 3])],
-                  [_const("zero", 0.0, np.float32)])
+    then = helper.make_graph(
+        [node("Mul", ["x", "two"], ["a"])],
+        "then",
+        [],
+        [info("a", TensorProto.FLOAT, ["batch", 3])],
+        [_const("two", 2.0, np.float32)],
+    )
+    other = helper.make_graph(
+        [node("Sub", ["x", "one"], ["b0"]), node("Slice", ["b0", "start", "width", "last"], ["b"])],
+        "else",
+        [],
+        [info("b", TensorProto.FLOAT, ["batch", else_width])],
+        [
+            _const("one", 1.0, np.float32),
+            _const("start", [0], np.int64),
+            _const("width", [else_width], np.int64),
+            _const("last", [1], np.int64),
+        ],
+    )
+    return _model(
+        [
+            node("ReduceSum", ["x"], ["total"], keepdims=0),
+            node("Greater", ["total", "zero"], ["positive"]),
+            node("If", ["positive"], ["y"], then_branch=then, else_branch=other, name="choose"),
+        ],
+        [info("x", TensorProto.FLOAT, ["batch", 3])],
+        [info("y", TensorProto.FLOAT, ["batch", 3])],
+        [_const("zero", 0.0, np.float32)],
+    )
 
 
 def while_model():
     """Double h until its sum reaches 100, counting the doublings: no trip count, and a
     condition computed from the carried values."""
     body = helper.make_graph(
-        [node("Mul", ["h_in", "two"], ["h_out"]), node("Add", ["n_in", "one"], ["n_out"]),
-         node("ReduceSum", ["h_out"], ["s"], keepdims=0), node("Less", ["s", "hundred"], ["going"])], "body",
-        [info("i", TensorProto.INT64, []), info("c", TensorProto.BOOL, []),
-         info("n_in", TensorProto.INT64, []), info("h_in", TensorProto.FLOAT, ["batch", 3])],
-        [info("going", TensorProto.BOOL, []), info("n_out", TensorProto.INT64, []),
-         info("h_out", TensorProto.FLOAT, ["batch", 3])],
-        [_const("two", 2.0, np.float32), _const("one", 1, np.int64), _const("hundred", 100.0, np.float32)])
-    return _model([node("ReduceSum", ["x"], ["s0"], keepdims=0), node("Less", ["s0", "hundred"], ["start"]),
-                   node("Loop", ["", "start", "zero", "x"], ["count", "y"], body=body, name="double")],
-                  [info("x", TensorProto.FLOAT, ["batch", 3])],
-                  [info("count", TensorProto.INT64, []), info("y", TensorProto.FLOAT, ["batch", 3])],
-                  [_const("zero", 0, np.int64), _const("hundred", 100.0, np.float32)])
+        [
+            node("Mul", ["h_in", "two"], ["h_out"]),
+            node("Add", ["n_in", "one"], ["n_out"]),
+            node("ReduceSum", ["h_out"], ["s"], keepdims=0),
+            node("Less", ["s", "hundred"], ["going"]),
+        ],
+        "body",
+        [
+            info("i", TensorProto.INT64, []),
+            info("c", TensorProto.BOOL, []),
+            info("n_in", TensorProto.INT64, []),
+            info("h_in", TensorProto.FLOAT, ["batch", 3]),
+        ],
+        [
+            info("going", TensorProto.BOOL, []),
+            info("n_out", TensorProto.INT64, []),
+            info("h_out", TensorProto.FLOAT, ["batch", 3]),
+        ],
+        [_const("two", 2.0, np.float32), _const("one", 1, np.int64), _const("hundred", 100.0, np.float32)],
+    )
+    return _model(
+        [
+            node("ReduceSum", ["x"], ["s0"], keepdims=0),
+            node("Less", ["s0", "hundred"], ["start"]),
+            node("Loop", ["", "start", "zero", "x"], ["count", "y"], body=body, name="double"),
+        ],
+        [info("x", TensorProto.FLOAT, ["batch", 3])],
+        [info("count", TensorProto.INT64, []), info("y", TensorProto.FLOAT, ["batch", 3])],
+        [_const("zero", 0, np.int64), _const("hundred", 100.0, np.float32)],
+    )
 
 
 def running_sum_model(scan_read: bool = True, trip_count: str = "seq"):
     """Running sums over the sequence axis of x[batch, seq, 4], as a Loop whose trip count is
     the sequence length (a shape): the final sum and every partial sum (seq, batch, 4)."""
     body = helper.make_graph(
-        [node("Gather", ["x", "i"], ["row"], axis=1), node("Add", ["acc_in", "row"], ["acc_out"]),
-         node("Identity", ["c"], ["c_out"]), node("Identity", ["acc_out"], ["partial"])], "body",
-        [info("i", TensorProto.INT64, []), info("c", TensorProto.BOOL, []),
-         info("acc_in", TensorProto.FLOAT, ["batch", 4])],
-        [info("c_out", TensorProto.BOOL, []), info("acc_out", TensorProto.FLOAT, ["batch", 4]),
-         info("partial", TensorProto.FLOAT, ["batch", 4])])
+        [
+            node("Gather", ["x", "i"], ["row"], axis=1),
+            node("Add", ["acc_in", "row"], ["acc_out"]),
+            node("Identity", ["c"], ["c_out"]),
+            node("Identity", ["acc_out"], ["partial"]),
+        ],
+        "body",
+        [
+            info("i", TensorProto.INT64, []),
+            info("c", TensorProto.BOOL, []),
+            info("acc_in", TensorProto.FLOAT, ["batch", 4]),
+        ],
+        [
+            info("c_out", TensorProto.BOOL, []),
+            info("acc_out", TensorProto.FLOAT, ["batch", 4]),
+            info("partial", TensorProto.FLOAT, ["batch", 4]),
+        ],
+    )
     outputs = [info("total", TensorProto.FLOAT, ["batch", 4])]
     if scan_read:
         outputs.append(info("partials", TensorProto.FLOAT, ["seq", "batch", 4]))
-    return _model([node("Shape", ["x"], ["shape"]), node("Gather", ["shape", "one"], ["seq"], axis=0),
-                   node("ReduceSum", ["x", "one_axis"], ["summed"], keepdims=0),
-                   node("Mul", ["summed", "nought"], ["acc0"]),
-                   node("Loop", [trip_count, "", "acc0"], ["total", "partials"], body=body, name="accumulate")],
-                  [info("x", TensorProto.FLOAT, ["batch", "seq", 4])], outputs,
-                  [_const("one", 1, np.int64), _const("one_axis", [1], np.int64), _const("nought", 0.0, np.float32)])
+    return _model(
+        [
+            node("Shape", ["x"], ["shape"]),
+            node("Gather", ["shape", "one"], ["seq"], axis=0),
+            node("ReduceSum", ["x", "one_axis"], ["summed"], keepdims=0),
+            node("Mul", ["summed", "nought"], ["acc0"]),
+            node("Loop", [trip_count, "", "acc0"], ["total", "partials"], body=body, name="accumulate"),
+        ],
+        [info("x", TensorProto.FLOAT, ["batch", "seq", 4])],
+        outputs,
+        [_const("one", 1, np.int64), _const("one_axis", [1], np.int64), _const("nought", 0.0, np.float32)],
+    )
 
 
 def scan_model():
     """The running sums as a Scan over axis 1 of x[batch, seq, 4], its partial sums stacked
     on axis 1 in reverse order: a length that is a symbolic size when traced."""
     body = helper.make_graph(
-        [node("Add", ["acc_in", "row"], ["acc_out"]), node("Identity", ["acc_out"], ["partial"])], "body",
+        [node("Add", ["acc_in", "row"], ["acc_out"]), node("Identity", ["acc_out"], ["partial"])],
+        "body",
         [info("acc_in", TensorProto.FLOAT, ["batch", 4]), info("row", TensorProto.FLOAT, ["batch", 4])],
-        [info("acc_out", TensorProto.FLOAT, ["batch", 4]), info("partial", TensorProto.FLOAT, ["batch", 4])])
-    return _model([node("ReduceSum", ["x", "one_axis"], ["summed"], keepdims=0),
-                   node("Mul", ["summed", "nought"], ["acc0"]),
-                   node("Scan", ["acc0", "x"], ["total", "partials"], body=body, num_scan_inputs=1,
-                        scan_input_axes=[1], scan_output_axes=[1], scan_output_directions=[1], name="sums")],
-                  [info("x", TensorProto.FLOAT, ["batch", "seq", 4])],
-                  [info("total", TensorProto.FLOAT, ["batch", 4]),
-                   info("partials", TensorProto.FLOAT, ["batch", "seq", 4])],
-                  [_const("one_axis", [1], np.int64), _const("nought", 0.0, np.float32)])
+        [info("acc_out", TensorProto.FLOAT, ["batch", 4]), info("partial", TensorProto.FLOAT, ["batch", 4])],
+    )
+    return _model(
+        [
+            node("ReduceSum", ["x", "one_axis"], ["summed"], keepdims=0),
+            node("Mul", ["summed", "nought"], ["acc0"]),
+            node(
+                "Scan",
+                ["acc0", "x"],
+                ["total", "partials"],
+                body=body,
+                num_scan_inputs=1,
+                scan_input_axes=[1],
+                scan_output_axes=[1],
+                scan_output_directions=[1],
+                name="sums",
+            ),
+        ],
+        [info("x", TensorProto.FLOAT, ["batch", "seq", 4])],
+        [info("total", TensorProto.FLOAT, ["batch", 4]), info("partials", TensorProto.FLOAT, ["batch", "seq", 4])],
+        [_const("one_axis", [1], np.int64), _const("nought", 0.0, np.float32)],
+    )
 
 
 def _onnxruntime(model, x):
@@ -109,10 +178,17 @@ def _onnxruntime(model, x):
 CASES = {  # model, inputs that take each way through it
     "branch": (branch_model, [np.ones((2, 3), np.float32), -np.ones((5, 3), np.float32)]),
     "while": (while_model, [np.full((2, 3), 0.5, np.float32), np.full((4, 3), 50.0, np.float32)]),
-    "running sum": (running_sum_model, [np.arange(24, dtype=np.float32).reshape(2, 3, 4),
-                                        np.ones((3, 7, 4), np.float32)]),
-    "scan": (scan_model, [np.arange(24, dtype=np.float32).reshape(2, 3, 4),
-                          np.random.default_rng(0).normal(size=(3, 7, 4)).astype(np.float32)]),
+    "running sum": (
+        running_sum_model,
+        [np.arange(24, dtype=np.float32).reshape(2, 3, 4), np.ones((3, 7, 4), np.float32)],
+    ),
+    "scan": (
+        scan_model,
+        [
+            np.arange(24, dtype=np.float32).reshape(2, 3, 4),
+            np.random.default_rng(0).normal(size=(3, 7, 4)).astype(np.float32),
+        ],
+    ),
 }
 
 

@@ -31,8 +31,13 @@ def _opset_written(proto) -> int:
 
 
 def _run(*args):
-    return subprocess.run([sys.executable, "-m", "xdevice", *args], capture_output=True, text=True,
-                          timeout=600, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
+    return subprocess.run(
+        [sys.executable, "-m", "xdevice", *args],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"},
+    )
 
 
 @pytest.mark.slow
@@ -92,8 +97,11 @@ def test_an_exporter_that_pins_the_batch_size_is_caught(exporter, monkeypatch):
 
 
 def test_a_static_batch_keeps_the_example_size_and_verifies_once(exporter):
-    result = export(models.build("mlp", hidden=[16], backend=exporter.name),
-                    example_inputs=models.build("mlp", hidden=[16]).example_input(3), dynamic_batch=False)
+    result = export(
+        models.build("mlp", hidden=[16], backend=exporter.name),
+        example_inputs=models.build("mlp", hidden=[16]).example_input(3),
+        dynamic_batch=False,
+    )
     assert result.inputs[0].shape == (3, 784) and result.outputs[0].shape == (3, 10)
     assert [v.batch for v in result.verification] == [3]
 
@@ -105,7 +113,7 @@ def test_verify_fails_naming_the_output_the_worst_index_and_both_values(exporter
     model = models.build("mlp", hidden=[16], backend=exporter.name)
     target = models.to_native(model, exporter.name)
     x = model.example_input(4)
-    source = lambda x: exporter.native_outputs(target, (x,))  # noqa: E731
+    source = lambda x: exporter.native_outputs(target, (x,))
     result = export(model, example_inputs=x)
     assert [v.output for v in verify(result.model, source, x)] == ["output"]
 
@@ -118,13 +126,17 @@ def test_verify_fails_naming_the_output_the_worst_index_and_both_values(exporter
     with pytest.raises(ConversionError) as failure:
         verify(broken, source, x)
 
-    found = re.search(r"ONNX output 'output' disagrees with the source at batch 4: (\S+) at index "
-                      r"\((\d+), (\d+)\) where the source gives (\S+)\.", str(failure.value))
+    found = re.search(
+        r"ONNX output 'output' disagrees with the source at batch 4: (\S+) at index "
+        r"\((\d+), (\d+)\) where the source gives (\S+)\.",
+        str(failure.value),
+    )
     assert found, str(failure.value)
     import onnxruntime
 
-    [onnx_out] = onnxruntime.InferenceSession(broken.SerializeToString(),
-                                              providers=["CPUExecutionProvider"]).run(None, {"input": x})
+    [onnx_out] = onnxruntime.InferenceSession(broken.SerializeToString(), providers=["CPUExecutionProvider"]).run(
+        None, {"input": x}
+    )
     index = (int(found[2]), int(found[3]))
     assert float(found[1]) == pytest.approx(float(onnx_out[index]))
     assert float(found[4]) == pytest.approx(float(source(x)[0][index]))
@@ -155,8 +167,9 @@ def test_a_keras_sequential_exports_through_a_tf_function():
     keras = pytest.importorskip("keras")
     if keras.backend.backend() != "tensorflow":
         pytest.skip(f"Keras runs on {keras.backend.backend()}, not TensorFlow")
-    net = keras.Sequential([keras.Input((6,)), keras.layers.Dense(8, activation="relu"),
-                            keras.layers.Dropout(0.5), keras.layers.Dense(3)])
+    net = keras.Sequential(
+        [keras.Input((6,)), keras.layers.Dense(8, activation="relu"), keras.layers.Dropout(0.5), keras.layers.Dense(3)]
+    )
     result = export(net, example_inputs=np.ones((4, 6), np.float32))
     assert result.backend == "tensorflow" and result.outputs[0].shape == ("batch", 3)
     assert sorted(v.batch for v in result.verification) == [4, 7]
@@ -166,7 +179,7 @@ def test_a_keras_sequential_exports_through_a_tf_function():
 def test_a_plain_jax_function_with_params_exports_with_the_params_baked_in():
     jnp = pytest.importorskip("jax.numpy")
     params = {"w": jnp.linspace(-1.0, 1.0, 18).reshape(6, 3), "b": jnp.arange(3.0)}
-    apply_fn = lambda params, x: jnp.tanh(x @ params["w"] + params["b"])  # noqa: E731
+    apply_fn = lambda params, x: jnp.tanh(x @ params["w"] + params["b"])
     result = export((apply_fn, params), example_inputs=np.ones((4, 6), np.float32))
     assert result.backend == "jax" and [i.name for i in result.inputs] == ["input"]
     assert len(result.model.graph.initializer) >= 2 and result.max_abs_error < 1e-5
@@ -206,8 +219,13 @@ def test_the_export_command_prints_the_opset_shapes_errors_and_time(exporter, tm
     assert result.returncode == 0, result.stderr
     assert out.exists()
     assert f"mlp: exported from {exporter.name} by " in result.stdout
-    for line in ("opset     18", "input     input float32[batch, 784]", "output    output float32[batch, 10]",
-                 "verified  output at batch 3: max abs error", "verified  output at batch 6: max abs error"):
+    for line in (
+        "opset     18",
+        "input     input float32[batch, 784]",
+        "output    output float32[batch, 10]",
+        "verified  output at batch 3: max abs error",
+        "verified  output at batch 6: max abs error",
+    ):
         assert line in result.stdout
 
 
@@ -216,8 +234,16 @@ def test_the_export_command_takes_a_saved_model_and_a_static_batch(tmp_path):
     pytest.importorskip("torch")
     saved = tmp_path / "small.safetensors"
     models.build("mlp", hidden=[16], seed=3).save(saved)
-    result = _run("export", str(saved), "--backend", "torch", "--static-batch", "--no-verify",
-                  "--output", str(tmp_path / "small.onnx"))
+    result = _run(
+        "export",
+        str(saved),
+        "--backend",
+        "torch",
+        "--static-batch",
+        "--no-verify",
+        "--output",
+        str(tmp_path / "small.onnx"),
+    )
     assert result.returncode == 0, result.stderr
     assert "input     input float32[8, 784]" in result.stdout and "verified  no" in result.stdout
 
@@ -263,16 +289,26 @@ def test_dynamic_axes_keep_a_named_sequence_symbolic_and_verify_at_another_lengt
     session = onnxruntime.InferenceSession(result.model.SerializeToString(), providers=["CPUExecutionProvider"])
     longer = np.random.default_rng(1).normal(size=(3, 11, 6)).astype(np.float32)
     feeds = dict(zip([i.name for i in session.get_inputs()], [longer, np.ones((3, 11), np.float32)]))
-    np.testing.assert_allclose(session.run(None, feeds)[0], longer.mean(axis=1) @ np.linspace(
-        -1.0, 1.0, 18, dtype=np.float32).reshape(6, 3), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(
+        session.run(None, feeds)[0],
+        longer.mean(axis=1) @ np.linspace(-1.0, 1.0, 18, dtype=np.float32).reshape(6, 3),
+        rtol=1e-5,
+        atol=1e-6,
+    )
 
 
-@pytest.mark.parametrize("axes, match", [
-    ({"tokens": {1: "seq"}}, r"names inputs the model does not take.*'tokens'.*Valid choices.*'input_0', 'input_1'"),
-    ({"input_1": {2: "seq"}}, r"Input 'input_1' has no axis 2"),
-    ({1: "seq"}, r"One dynamic axis name stands for one size.*'seq': \[4, 5\]"),
-    ({1: "not a name"}, r"Each dynamic axis is an int mapped to a name"),
-])
+@pytest.mark.parametrize(
+    "axes, match",
+    [
+        (
+            {"tokens": {1: "seq"}},
+            r"names inputs the model does not take.*'tokens'.*Valid choices.*'input_0', 'input_1'",
+        ),
+        ({"input_1": {2: "seq"}}, r"Input 'input_1' has no axis 2"),
+        ({1: "seq"}, r"One dynamic axis name stands for one size.*'seq': \[4, 5\]"),
+        ({1: "not a name"}, r"Each dynamic axis is an int mapped to a name"),
+    ],
+)
 def test_wrong_dynamic_axes_are_refused_before_anything_is_traced(axes, match):
     inputs = (np.ones((2, 5, 6), np.float32), np.ones((2, 4), np.float32))
     with pytest.raises(ConversionError, match=match):
@@ -282,12 +318,23 @@ def test_wrong_dynamic_axes_are_refused_before_anything_is_traced(axes, match):
 @pytest.mark.slow
 def test_the_export_command_keeps_named_axes_dynamic_and_verifies_at_other_sizes(tmp_path):
     pytest.importorskip("torch")
-    result = _run("export", "transformer", "--backend", "torch", "--dynamic-axis", "1=seq", "--batch", "3",
-                  "--output", str(tmp_path / "t.onnx"))
+    result = _run(
+        "export",
+        "transformer",
+        "--backend",
+        "torch",
+        "--dynamic-axis",
+        "1=seq",
+        "--batch",
+        "3",
+        "--output",
+        str(tmp_path / "t.onnx"),
+    )
     assert result.returncode == 0, result.stderr
     assert "input     input int32[batch, seq]" in result.stdout
-    assert re.search(r"verified  output at batch 3, seq (\d+).*\n.*verified  output at batch 6, seq (?!\1)\d+",
-                     result.stdout), result.stdout
+    assert re.search(
+        r"verified  output at batch 3, seq (\d+).*\n.*verified  output at batch 6, seq (?!\1)\d+", result.stdout
+    ), result.stdout
     wrong = _run("export", "transformer", "--backend", "torch", "--dynamic-axis", "seq")
     assert wrong.returncode == 2 and "expected AXIS=NAME such as 1=seq, got 'seq'" in wrong.stderr
 
@@ -306,6 +353,9 @@ def test_example_inputs_the_model_cannot_take_are_reported_before_any_exporter_r
         import jax.numpy as jnp
 
         model = (lambda params, x: x @ params["w"], {"w": jnp.ones((8, 4))})
-    with pytest.raises(ConversionError, match=r"The model fails on its example inputs.*(5|shape).*"
-                                              r"Received: 'input: float32\[2, 5\]'"):
+    with pytest.raises(
+        ConversionError,
+        match=r"The model fails on its example inputs.*(5|shape).*"
+        r"Received: 'input: float32\[2, 5\]'",
+    ):
         export(model, example_inputs=np.ones((2, 5), np.float32))

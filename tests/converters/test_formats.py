@@ -63,16 +63,22 @@ def test_a_converted_model_loads_without_xdevice_and_matches_at_any_batch(framew
     for batch in (3, 6):
         x = models.build("cnn").example_input(batch, seed=batch)
         np.save(tmp_path / "x.npy", x)
-        done = subprocess.run([sys.executable, "-c", LOADER, framework, str(converted.path), str(tmp_path)],
-                              capture_output=True, text=True, timeout=300,
-                              env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
+        done = subprocess.run(
+            [sys.executable, "-c", LOADER, framework, str(converted.path), str(tmp_path)],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"},
+        )
         assert done.returncode == 0, done.stderr[-2000:]
         result = compare(np.load(tmp_path / "y.npy"), _onnxruntime(cnn_onnx, x))
         assert result.ok, f"{framework} batch {batch}: {result}"
 
 
 def test_an_unknown_format_lists_the_choices(tmp_path):
-    with pytest.raises(ConversionError, match=r"Unknown target format(?=.*'onnx2')(?=.*torch)(?=.*tensorflow)(?=.*jax)"):
+    with pytest.raises(
+        ConversionError, match=r"Unknown target format(?=.*'onnx2')(?=.*torch)(?=.*tensorflow)(?=.*jax)"
+    ):
         convert_model(tmp_path / "model.onnx", to="onnx2")
 
 
@@ -84,19 +90,39 @@ def _shape_arithmetic_model():
 
     node, const = helper.make_node, lambda name, v: numpy_helper.from_array(np.asarray(v, np.int64), name)
     w = numpy_helper.from_array(np.random.default_rng(0).normal(size=(8, 4)).astype(np.float32), "w")
-    nodes = [node("Shape", ["x"], ["shape64"]), node("Cast", ["shape64"], ["shape32"], to=TensorProto.INT32),
-             node("Cast", ["shape32"], ["shape"], to=TensorProto.INT64),  # tf2onnx casts shapes to int32 and back
-             node("Gather", ["shape", "zero"], ["b"], axis=0),
-             node("Gather", ["shape", "one"], ["s"], axis=0), node("Mul", ["b", "s"], ["bs"]),
-             node("Concat", ["bs", "eight"], ["flat_shape"], axis=0), node("Reshape", ["x", "flat_shape"], ["flat"]),
-             node("MatMul", ["flat", "w"], ["h"]), node("Concat", ["b", "s", "four"], ["back"], axis=0),
-             node("Reshape", ["h", "back"], ["h3"]), node("Unsqueeze", ["mask", "minus_one"], ["m"]),
-             node("Add", ["h3", "m"], ["y"])]
-    inits = [w, const("zero", [0]), const("one", [1]), const("eight", [8]), const("four", [4]),
-             const("minus_one", [-1])]
-    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "seq", 8]),
-                                           helper.make_tensor_value_info("mask", TensorProto.FLOAT, ["batch", "seq"])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", "seq", 4])], inits)
+    nodes = [
+        node("Shape", ["x"], ["shape64"]),
+        node("Cast", ["shape64"], ["shape32"], to=TensorProto.INT32),
+        node("Cast", ["shape32"], ["shape"], to=TensorProto.INT64),  # tf2onnx casts shapes to int32 and back
+        node("Gather", ["shape", "zero"], ["b"], axis=0),
+        node("Gather", ["shape", "one"], ["s"], axis=0),
+        node("Mul", ["b", "s"], ["bs"]),
+        node("Concat", ["bs", "eight"], ["flat_shape"], axis=0),
+        node("Reshape", ["x", "flat_shape"], ["flat"]),
+        node("MatMul", ["flat", "w"], ["h"]),
+        node("Concat", ["b", "s", "four"], ["back"], axis=0),
+        node("Reshape", ["h", "back"], ["h3"]),
+        node("Unsqueeze", ["mask", "minus_one"], ["m"]),
+        node("Add", ["h3", "m"], ["y"]),
+    ]
+    inits = [
+        w,
+        const("zero", [0]),
+        const("one", [1]),
+        const("eight", [8]),
+        const("four", [4]),
+        const("minus_one", [-1]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [
+            helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "seq", 8]),
+            helper.make_tensor_value_info("mask", TensorProto.FLOAT, ["batch", "seq"]),
+        ],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", "seq", 4])],
+        inits,
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
     model.ir_version = 10
     return model
@@ -122,9 +148,11 @@ def test_every_symbolic_dim_stays_symbolic_in_every_saved_format(framework, tmp_
         (got,) = load_and_run(framework, converted.path, [x, mask])
         assert got.shape == (batch, seq, 4) and compare(got, reference(x, mask)).ok
     # "seq" is one size across the inputs: every saved format refuses a mask of another length
-    refusal = {"torch": r"Guard failed: inputs_1.size\(\)\[1\] == inputs_0.size\(\)\[1\]",
-               "jax": r"inconsistency between dimension size args\[1\].shape\[1\] \(= \d+\) and the specification 'seq'",
-               "tensorflow": r"dimension seq has one size across inputs: mask\[1\] differs from x\[1\]"}
+    refusal = {
+        "torch": r"Guard failed: inputs_1.size\(\)\[1\] == inputs_0.size\(\)\[1\]",
+        "jax": r"inconsistency between dimension size args\[1\].shape\[1\] \(= \d+\) and the specification 'seq'",
+        "tensorflow": r"dimension seq has one size across inputs: mask\[1\] differs from x\[1\]",
+    }
     with pytest.raises(Exception, match=refusal[framework]):
         load_and_run(framework, converted.path, [x, mask[:, :-1]])
 
@@ -135,12 +163,20 @@ def _lstm_model():
     from onnx import TensorProto, helper, numpy_helper
 
     rng = np.random.default_rng(0)
-    weights = [numpy_helper.from_array(rng.normal(size=shape).astype(np.float32) * 0.3, name)
-               for name, shape in [("w", (1, 20, 4)), ("r", (1, 20, 5)), ("b", (1, 40))]]
-    graph = helper.make_graph([helper.make_node("LSTM", ["x", "w", "r", "b"], ["y", "h"], hidden_size=5)], "g",
-                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["seq", "batch", 4])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["seq", 1, "batch", 5]),
-                               helper.make_tensor_value_info("h", TensorProto.FLOAT, [1, "batch", 5])], weights)
+    weights = [
+        numpy_helper.from_array(rng.normal(size=shape).astype(np.float32) * 0.3, name)
+        for name, shape in [("w", (1, 20, 4)), ("r", (1, 20, 5)), ("b", (1, 40))]
+    ]
+    graph = helper.make_graph(
+        [helper.make_node("LSTM", ["x", "w", "r", "b"], ["y", "h"], hidden_size=5)],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["seq", "batch", 4])],
+        [
+            helper.make_tensor_value_info("y", TensorProto.FLOAT, ["seq", 1, "batch", 5]),
+            helper.make_tensor_value_info("h", TensorProto.FLOAT, [1, "batch", 5]),
+        ],
+        weights,
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
     model.ir_version = 10
     return model

@@ -26,8 +26,11 @@ def _dense_model():
     rng = np.random.default_rng(0)
     w = numpy_helper.from_array(rng.normal(size=(4,)).astype(np.float32), "w")
     b = numpy_helper.from_array(rng.normal(size=(4,)).astype(np.float32), "b")
-    nodes = [helper.make_node("Mul", ["x", "w"], ["xw"]), helper.make_node("Add", ["xw", "b"], ["z"]),
-             helper.make_node("Relu", ["z"], ["y"])]
+    nodes = [
+        helper.make_node("Mul", ["x", "w"], ["xw"]),
+        helper.make_node("Add", ["xw", "b"], ["z"]),
+        helper.make_node("Relu", ["z"], ["y"]),
+    ]
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4])
     y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 4])
     return _model(nodes, [x], [y], [w, b])
@@ -51,10 +54,11 @@ def test_a_graph_runs_on_every_backend_and_matches_onnxruntime(backend):
 
 def test_float_initializers_become_trainable_parameters(backend):
     imported = from_onnx(_dense_model(), backend=backend.name)
-    assert set(imported.params) == {"w", "b"} and all(xdevice.backend_of(v) == backend.name
-                                                        for v in imported.params.values())
+    assert set(imported.params) == {"w", "b"} and all(
+        xdevice.backend_of(v) == backend.name for v in imported.params.values()
+    )
     x = backend.ops.asarray(np.ones((2, 4), np.float32))
-    loss = lambda params: backend.ops.sum(imported.apply(params, x)[0])  # noqa: E731
+    loss = lambda params: backend.ops.sum(imported.apply(params, x)[0])
     _, grads = backend.value_and_grad(loss, imported.params)
     # d sum(relu(x*w + b)) / d b is 1 where the unit is active, 0 where not
     active = (backend.ops.to_numpy(imported.params["w"]) + backend.ops.to_numpy(imported.params["b"])) > 0
@@ -66,13 +70,19 @@ def test_the_imported_function_compiles_with_its_shape_arithmetic(backend):
         pytest.skip(f"{backend.name} runs eagerly: nothing is compiled")
     # y = relu(x * w + b) reshaped to (batch, 2, 2), the new shape computed from Shape(x) in the graph
     model = _dense_model()
-    shape_nodes = [helper.make_node("Shape", ["x"], ["s"]),
-                   helper.make_node("Slice", ["s", "zero", "one"], ["n"]),
-                   helper.make_node("Concat", ["n", "two_two"], ["new_shape"], axis=0),
-                   helper.make_node("Reshape", ["y", "new_shape"], ["out"])]
+    shape_nodes = [
+        helper.make_node("Shape", ["x"], ["s"]),
+        helper.make_node("Slice", ["s", "zero", "one"], ["n"]),
+        helper.make_node("Concat", ["n", "two_two"], ["new_shape"], axis=0),
+        helper.make_node("Reshape", ["y", "new_shape"], ["out"]),
+    ]
     model.graph.node.extend(shape_nodes)
-    model.graph.initializer.extend([numpy_helper.from_array(np.array(v, np.int64), name) for name, v in
-                                    (("zero", [0]), ("one", [1]), ("two_two", [2, 2]))])
+    model.graph.initializer.extend(
+        [
+            numpy_helper.from_array(np.array(v, np.int64), name)
+            for name, v in (("zero", [0]), ("one", [1]), ("two_two", [2, 2]))
+        ]
+    )
     del model.graph.output[:]
     model.graph.output.append(helper.make_tensor_value_info("out", TensorProto.FLOAT, ["batch", 2, 2]))
     imported = from_onnx(model, backend=backend.name)
@@ -91,19 +101,40 @@ def test_a_loop_counting_with_a_carried_counter_compiles(backend):
         pytest.skip(f"{backend.name} runs eagerly: nothing is compiled")
     node, info = helper.make_node, helper.make_tensor_value_info
     body = helper.make_graph(
-        [node("Add", ["i_in", "one"], ["i_out"]), node("Less", ["i_out", "five"], ["going"]),
-         node("Mul", ["h_in", "two"], ["h_out"])], "body",
-        [info("iteration", TensorProto.INT64, []), info("cond_in", TensorProto.BOOL, []),
-         info("i_in", TensorProto.INT64, []), info("h_in", TensorProto.FLOAT, ["batch", 3])],
-        [info("going", TensorProto.BOOL, []), info("i_out", TensorProto.INT64, []),
-         info("h_out", TensorProto.FLOAT, ["batch", 3])],
-        [numpy_helper.from_array(np.array(1, np.int64), "one"), numpy_helper.from_array(np.array(5, np.int64), "five"),
-         numpy_helper.from_array(np.array(2.0, np.float32), "two")])
-    inits = [numpy_helper.from_array(np.array(100, np.int64), "trips"), numpy_helper.from_array(np.array(True), "cond"),
-             numpy_helper.from_array(np.array(0, np.int64), "zero")]
-    model = _model([node("Loop", ["trips", "cond", "zero", "x"], ["count", "y"], body=body)],
-                   [info("x", TensorProto.FLOAT, ["batch", 3])],
-                   [info("count", TensorProto.INT64, []), info("y", TensorProto.FLOAT, ["batch", 3])], inits)
+        [
+            node("Add", ["i_in", "one"], ["i_out"]),
+            node("Less", ["i_out", "five"], ["going"]),
+            node("Mul", ["h_in", "two"], ["h_out"]),
+        ],
+        "body",
+        [
+            info("iteration", TensorProto.INT64, []),
+            info("cond_in", TensorProto.BOOL, []),
+            info("i_in", TensorProto.INT64, []),
+            info("h_in", TensorProto.FLOAT, ["batch", 3]),
+        ],
+        [
+            info("going", TensorProto.BOOL, []),
+            info("i_out", TensorProto.INT64, []),
+            info("h_out", TensorProto.FLOAT, ["batch", 3]),
+        ],
+        [
+            numpy_helper.from_array(np.array(1, np.int64), "one"),
+            numpy_helper.from_array(np.array(5, np.int64), "five"),
+            numpy_helper.from_array(np.array(2.0, np.float32), "two"),
+        ],
+    )
+    inits = [
+        numpy_helper.from_array(np.array(100, np.int64), "trips"),
+        numpy_helper.from_array(np.array(True), "cond"),
+        numpy_helper.from_array(np.array(0, np.int64), "zero"),
+    ]
+    model = _model(
+        [node("Loop", ["trips", "cond", "zero", "x"], ["count", "y"], body=body)],
+        [info("x", TensorProto.FLOAT, ["batch", 3])],
+        [info("count", TensorProto.INT64, []), info("y", TensorProto.FLOAT, ["batch", 3])],
+        inits,
+    )
     imported = from_onnx(model, backend=backend.name)
     x = np.arange(6, dtype=np.float32).reshape(2, 3)
     count, y = backend.jit(imported.apply)(imported.params, backend.ops.asarray(x))
@@ -116,13 +147,17 @@ def _probe(*args):
 
 
 def test_every_unsupported_op_is_listed_before_anything_runs():
-    nodes = [helper.make_node("Frobnicate", ["x"], ["a"], name="first", domain="com.example"),
-             helper.make_node("Frobnicate", ["a"], ["b"], name="second", domain="com.example"),
-             helper.make_node("Wobble", ["b"], ["y"], name="third", domain="com.example")]
+    nodes = [
+        helper.make_node("Frobnicate", ["x"], ["a"], name="first", domain="com.example"),
+        helper.make_node("Frobnicate", ["a"], ["b"], name="second", domain="com.example"),
+        helper.make_node("Wobble", ["b"], ["y"], name="third", domain="com.example"),
+    ]
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])
     y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])
-    model = helper.make_model(helper.make_graph(nodes, "g", [x], [y]),
-                              opset_imports=[helper.make_opsetid("", 18), helper.make_opsetid("com.example", 1)])
+    model = helper.make_model(
+        helper.make_graph(nodes, "g", [x], [y]),
+        opset_imports=[helper.make_opsetid("", 18), helper.make_opsetid("com.example", 1)],
+    )
     with pytest.raises(UnsupportedOp) as caught:
         from_onnx(model, check=False)
     text = str(caught.value)
@@ -133,8 +168,9 @@ def test_every_unsupported_op_is_listed_before_anything_runs():
 def test_a_model_stamped_with_the_newest_ir_and_opset_loads(backend):
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [3])
     y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [3])
-    model = _model([helper.make_node("Relu", ["x"], ["y"])], [x], [y],
-                   opset=onnx.defs.onnx_opset_version(), ir=onnx.IR_VERSION)
+    model = _model(
+        [helper.make_node("Relu", ["x"], ["y"])], [x], [y], opset=onnx.defs.onnx_opset_version(), ir=onnx.IR_VERSION
+    )
     out = from_onnx(model, backend=backend.name)(np.array([-1.0, 0.5, 2.0], np.float32))
     assert backend.ops.to_numpy(out).tolist() == [0.0, 0.5, 2.0]
 
@@ -152,13 +188,16 @@ def _two_inputs_model():
     return _model([helper.make_node("Add", ["a", "b"], ["y"])], [a, b], [y])
 
 
-@pytest.mark.parametrize("a_shape, b_shape, dtype, says", [
-    ((2, 3, 4), (2, 3, 4), np.float64, r"Input 'a' has dtype float64, but the model declares float32.*astype"),
-    ((3, 4), (2, 3, 4), np.float32, r"Input 'a' has 2 dimension\(s\), but the model declares 3.*\[batch, seq, 4\]"),
-    ((2, 3, 5), (2, 3, 5), np.float32, r"Input 'a' has size 5 in dimension 2, which the model fixes at 4"),
-    # b's seq of 1 would broadcast silently: the graph's names say it must equal a's
-    ((2, 3, 4), (2, 1, 4), np.float32, r"Input 'b' has size 1 in dimension 1 \('seq'\), but input 'a' gave 'seq'"),
-])
+@pytest.mark.parametrize(
+    "a_shape, b_shape, dtype, says",
+    [
+        ((2, 3, 4), (2, 3, 4), np.float64, r"Input 'a' has dtype float64, but the model declares float32.*astype"),
+        ((3, 4), (2, 3, 4), np.float32, r"Input 'a' has 2 dimension\(s\), but the model declares 3.*\[batch, seq, 4\]"),
+        ((2, 3, 5), (2, 3, 5), np.float32, r"Input 'a' has size 5 in dimension 2, which the model fixes at 4"),
+        # b's seq of 1 would broadcast silently: the graph's names say it must equal a's
+        ((2, 3, 4), (2, 1, 4), np.float32, r"Input 'b' has size 1 in dimension 1 \('seq'\), but input 'a' gave 'seq'"),
+    ],
+)
 def test_inputs_are_checked_against_the_graph_before_any_op_runs(backend, a_shape, b_shape, dtype, says):
     model = from_onnx(_two_inputs_model(), backend=backend.name)
     a, b = np.ones(a_shape, dtype), np.ones(b_shape, np.float32)
@@ -213,14 +252,16 @@ def test_old_opsets_with_legacy_broadcast_run_on_every_backend(backend, opset):
         helper.make_node("Max", ["t", "x"], ["u"]),
         helper.make_node("PRelu", ["u", "slope"], ["y"]),
     ]
-    inits = [numpy_helper.from_array(v, n) for n, v in
-             [("column", column), ("row", row), ("slope", slope), ("exponent", exponent)]]
+    inits = [
+        numpy_helper.from_array(v, n)
+        for n, v in [("column", column), ("row", row), ("slope", slope), ("exponent", exponent)]
+    ]
     info = helper.make_tensor_value_info
     declared = [info("x", TensorProto.FLOAT, [2, 3, 4, 5])]  # before IR 4, initializers are inputs too
     declared += [info(t.name, TensorProto.FLOAT, list(t.dims)) for t in inits]
     model = _model(nodes, declared, [info("y", TensorProto.FLOAT, [2, 3, 4, 5])], inits, opset=opset, ir=3)
     a = (x + column[:, :, None]) * row
-    t = (a - x) / x + x ** 2.0
+    t = (a - x) / x + x**2.0
     u = np.maximum(t, x)
     want = np.where(u < 0, u * slope[:, None, None], u)
     got = backend.ops.to_numpy(from_onnx(model, backend=backend.name)(x))
@@ -231,17 +272,35 @@ def _gelu_mlp_model():
     """x[batch, 6] -> Linear -> tanh-GELU written out as exporters write it (a Pow with the
     exponent 3 as an initializer, scalar coefficients) -> Linear -> logits[batch, 2]."""
     rng = np.random.default_rng(0)
-    weights = {"w1": rng.normal(size=(6, 16)) * 0.5, "b1": np.zeros(16), "w2": rng.normal(size=(16, 2)) * 0.5,
-               "b2": np.zeros(2)}
-    constants = {"three": np.array(3.0), "c": np.array(0.044715), "k": np.array(0.7978846), "one": np.array(1.0),
-                 "half": np.array(0.5)}
+    weights = {
+        "w1": rng.normal(size=(6, 16)) * 0.5,
+        "b1": np.zeros(16),
+        "w2": rng.normal(size=(16, 2)) * 0.5,
+        "b2": np.zeros(2),
+    }
+    constants = {
+        "three": np.array(3.0),
+        "c": np.array(0.044715),
+        "k": np.array(0.7978846),
+        "one": np.array(1.0),
+        "half": np.array(0.5),
+    }
     inits = [numpy_helper.from_array(np.asarray(v, np.float32), n) for n, v in {**weights, **constants}.items()]
     node = helper.make_node
-    nodes = [node("MatMul", ["x", "w1"], ["m"]), node("Add", ["m", "b1"], ["h"]),
-             node("Pow", ["h", "three"], ["h3"]), node("Mul", ["h3", "c"], ["ch3"]), node("Add", ["h", "ch3"], ["s"]),
-             node("Mul", ["s", "k"], ["ks"]), node("Tanh", ["ks"], ["t"]), node("Add", ["t", "one"], ["t1"]),
-             node("Mul", ["h", "t1"], ["ht"]), node("Mul", ["ht", "half"], ["g"]),
-             node("MatMul", ["g", "w2"], ["m2"]), node("Add", ["m2", "b2"], ["y"])]
+    nodes = [
+        node("MatMul", ["x", "w1"], ["m"]),
+        node("Add", ["m", "b1"], ["h"]),
+        node("Pow", ["h", "three"], ["h3"]),
+        node("Mul", ["h3", "c"], ["ch3"]),
+        node("Add", ["h", "ch3"], ["s"]),
+        node("Mul", ["s", "k"], ["ks"]),
+        node("Tanh", ["ks"], ["t"]),
+        node("Add", ["t", "one"], ["t1"]),
+        node("Mul", ["h", "t1"], ["ht"]),
+        node("Mul", ["ht", "half"], ["g"]),
+        node("MatMul", ["g", "w2"], ["m2"]),
+        node("Add", ["m2", "b2"], ["y"]),
+    ]
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 6])
     y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 2])
     return _model(nodes, [x], [y], inits)
@@ -280,6 +339,7 @@ def test_weights_that_several_nodes_read_are_reported():
 
 # -- safe loading -------------------------------------------------------------------------------
 
+
 def _with_external(tmp_path, location: str):
     model = _dense_model()
     for tensor in model.graph.initializer:
@@ -306,8 +366,14 @@ def test_external_data_inside_the_folder_loads(tmp_path):
     model = _dense_model()
     path = tmp_path / "m" / "model.onnx"
     path.parent.mkdir()
-    onnx.save_model(model, str(path), save_as_external_data=True, all_tensors_to_one_file=True,
-                    location="weights.bin", size_threshold=0)
+    onnx.save_model(
+        model,
+        str(path),
+        save_as_external_data=True,
+        all_tensors_to_one_file=True,
+        location="weights.bin",
+        size_threshold=0,
+    )
     assert (path.parent / "weights.bin").exists()
     x = np.ones((2, 4), np.float32)
     assert compare(from_onnx(path)(x), _reference(_dense_model(), x)).ok  # save_model emptied model

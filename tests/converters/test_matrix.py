@@ -30,9 +30,11 @@ def _onnxruntime(proto, x):
 #: `make test` runs one source per model, every source at least once; `make test-models` (the
 #: realworld marker) runs the rest of the matrix
 QUICK = {("mlp", "torch"), ("cnn", "tensorflow"), ("resnet", "jax"), ("lstm", "tensorflow"), ("transformer", "torch")}
-CASES = [pytest.param(name, source, id=f"{name}-{source}",
-                      marks=() if (name, source) in QUICK else pytest.mark.realworld)
-         for name in models.NAMES for source in SOURCES]
+CASES = [
+    pytest.param(name, source, id=f"{name}-{source}", marks=() if (name, source) in QUICK else pytest.mark.realworld)
+    for name in models.NAMES
+    for source in SOURCES
+]
 
 
 @pytest.mark.slow

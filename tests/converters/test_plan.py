@@ -34,14 +34,15 @@ def test_the_plan_gives_the_same_answers_as_the_graph_as_written(backend, transf
     imported = from_onnx(proto, backend=backend.name)
     assert imported.fused == 10  # per block: 4 linear layers (qkv, out, fc1, fc2) and one GELU
     x = model.example_input(3, seed=2)
-    first = backend.ops.to_numpy(imported.apply(imported.params, x)[0])    # records the plan
-    second = backend.ops.to_numpy(imported.apply(imported.params, x)[0])   # runs it
+    first = backend.ops.to_numpy(imported.apply(imported.params, x)[0])  # records the plan
+    second = backend.ops.to_numpy(imported.apply(imported.params, x)[0])  # runs it
     assert len(imported._plans) == 1 and next(iter(imported._plans.values())).folded
     np.testing.assert_array_equal(first, second)
     assert compare(first, unplanned(proto, backend, x), "float32").ok
     other = model.example_input(5, seed=3)  # another signature: its own plan, still right
-    assert compare(backend.ops.to_numpy(imported.apply(imported.params, other)[0]),
-                   unplanned(proto, backend, other), "float32").ok
+    assert compare(
+        backend.ops.to_numpy(imported.apply(imported.params, other)[0]), unplanned(proto, backend, other), "float32"
+    ).ok
     assert len(imported._plans) == 2
 
 
@@ -75,9 +76,12 @@ def test_a_graph_that_needs_data_while_it_is_built_still_runs():
     pytest.importorskip("onnx")
     from onnx import TensorProto, helper
 
-    graph = helper.make_graph([helper.make_node("NonZero", ["x"], ["y"])], "g",
-                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4])],
-                              [helper.make_tensor_value_info("y", TensorProto.INT64, [1, None])])
+    graph = helper.make_graph(
+        [helper.make_node("NonZero", ["x"], ["y"])],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4])],
+        [helper.make_tensor_value_info("y", TensorProto.INT64, [1, None])],
+    )
     proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     for backend in ("jax", "torch"):
         pytest.importorskip(backend)

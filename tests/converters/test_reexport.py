@@ -51,6 +51,12 @@ EXPORTER = next((b for b in selected_backends() if b != "numpy"), "numpy")
 
 @pytest.mark.parametrize("name", selected_backends())
 def test_an_imported_model_fine_tuned_on_each_backend_exports_its_new_weights(name):
-    done = subprocess.run([sys.executable, "-c", WALK, name, name if name != "numpy" else EXPORTER], capture_output=True, text=True, timeout=600)
+    done = subprocess.run(
+        [sys.executable, "-c", WALK, name, name if name != "numpy" else EXPORTER],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert done.returncode == 0 and done.stdout.startswith("ok"), (
-        f"exit {done.returncode}\n{done.stdout[-2000:]}\n{done.stderr[-4000:]}")
+        f"exit {done.returncode}\n{done.stdout[-2000:]}\n{done.stderr[-4000:]}"
+    )

@@ -35,8 +35,14 @@ def test_the_same_seed_gives_the_same_weights_and_another_seed_does_not(name):
 def test_the_mlp_has_the_documented_shape():
     model = models.build("mlp")
     shapes = {k: v.shape for k, v in model.numpy_params().items()}
-    assert shapes == {"dense0.weight": (784, 512), "dense0.bias": (512,), "dense1.weight": (512, 512),
-                      "dense1.bias": (512,), "out.weight": (512, 10), "out.bias": (10,)}
+    assert shapes == {
+        "dense0.weight": (784, 512),
+        "dense0.bias": (512,),
+        "dense1.weight": (512, 512),
+        "dense1.bias": (512,),
+        "out.weight": (512, 10),
+        "out.bias": (10,),
+    }
 
 
 def test_a_model_runs_on_its_backend_and_device(backend):
@@ -66,14 +72,26 @@ def test_loading_a_file_that_is_not_a_model_says_so(tmp_path):
 
 
 def test_loading_weights_that_do_not_fit_the_spec_is_refused(tmp_path):
-    from safetensors.numpy import save_file
     import json
+
+    from safetensors.numpy import save_file
 
     path = tmp_path / "bad.safetensors"
     weights = models.build("mlp", hidden=[8]).numpy_params()
     weights["dense0.weight"] = weights["dense0.weight"][:, :4]
-    save_file(weights, str(path), metadata={"xdevice": json.dumps(
-        {"format": "xdevice.model/1", "model": "mlp", "spec": {**models.definition("mlp").DEFAULTS, "hidden": [8]}})})
+    save_file(
+        weights,
+        str(path),
+        metadata={
+            "xdevice": json.dumps(
+                {
+                    "format": "xdevice.model/1",
+                    "model": "mlp",
+                    "spec": {**models.definition("mlp").DEFAULTS, "hidden": [8]},
+                }
+            )
+        },
+    )
     with pytest.raises(ConversionError, match="do not match the model's spec"):
         models.load(path)
 

@@ -39,6 +39,7 @@ def _tokens(n: int, length: int, vocab: int) -> dict[str, np.ndarray]:
 
 # -- PyTorch: transformers' own architectures ----------------------------------------------------
 
+
 def hf_resnet():
     from transformers import ResNetConfig, ResNetForImageClassification
 
@@ -49,16 +50,23 @@ def hf_resnet():
 def hf_vit():
     from transformers import ViTConfig, ViTModel
 
-    config = ViTConfig(image_size=32, patch_size=8, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                       intermediate_size=64)
+    config = ViTConfig(
+        image_size=32, patch_size=8, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64
+    )
     return ViTModel(config, add_pooling_layer=False).eval(), {"pixel_values": _images(2, 32)}
 
 
 def hf_bert():
     from transformers import BertConfig, BertModel
 
-    config = BertConfig(vocab_size=100, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                        intermediate_size=64, max_position_embeddings=64)
+    config = BertConfig(
+        vocab_size=100,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=64,
+        max_position_embeddings=64,
+    )
     return BertModel(config).eval(), _tokens(2, 12, 100)
 
 
@@ -79,18 +87,21 @@ def hf_t5():
 
 # -- Keras -------------------------------------------------------------------------------------
 
+
 def keras_mobilenet():
     import keras
 
-    return keras.applications.MobileNetV2(weights=None, input_shape=(32, 32, 3), alpha=0.35, classes=7), \
-        _images(2, 32, channels_last=True)
+    return keras.applications.MobileNetV2(weights=None, input_shape=(32, 32, 3), alpha=0.35, classes=7), _images(
+        2, 32, channels_last=True
+    )
 
 
 def keras_efficientnet():
     import keras
 
-    return keras.applications.EfficientNetB0(weights=None, input_shape=(32, 32, 3), classes=7), \
-        _images(2, 32, channels_last=True)
+    return keras.applications.EfficientNetB0(weights=None, input_shape=(32, 32, 3), classes=7), _images(
+        2, 32, channels_last=True
+    )
 
 
 def keras_recurrent():
@@ -111,23 +122,29 @@ def keras_dict_inputs():
     meta = keras.Input((4,), name="meta")
     h = keras.layers.GlobalAveragePooling2D()(keras.layers.Conv2D(8, 3, activation="relu")(image))
     joined = keras.layers.Concatenate()([h, meta])
-    model = keras.Model({"image": image, "meta": meta},
-                        {"score": keras.layers.Dense(1)(joined), "classes": keras.layers.Dense(4)(joined)})
+    model = keras.Model(
+        {"image": image, "meta": meta},
+        {"score": keras.layers.Dense(1)(joined), "classes": keras.layers.Dense(4)(joined)},
+    )
     return model, {"image": _images(2, 8, channels_last=True), "meta": rng.normal(size=(2, 4)).astype(np.float32)}
 
 
 def keras_hub_bert():
     import keras_hub
 
-    model = keras_hub.models.BertBackbone(vocabulary_size=100, num_layers=2, num_heads=4, hidden_dim=32,
-                                          intermediate_dim=64, max_sequence_length=64)
+    model = keras_hub.models.BertBackbone(
+        vocabulary_size=100, num_layers=2, num_heads=4, hidden_dim=32, intermediate_dim=64, max_sequence_length=64
+    )
     tokens = _tokens(2, 12, 100)
-    return model, {"token_ids": tokens["input_ids"].astype(np.int32),
-                   "segment_ids": np.zeros((2, 12), np.int32),
-                   "padding_mask": tokens["attention_mask"].astype(np.int32)}
+    return model, {
+        "token_ids": tokens["input_ids"].astype(np.int32),
+        "segment_ids": np.zeros((2, 12), np.int32),
+        "padding_mask": tokens["attention_mask"].astype(np.int32),
+    }
 
 
 # -- JAX ---------------------------------------------------------------------------------------
+
 
 def nnx_cnn():
     import jax
@@ -192,20 +209,23 @@ def equinox_cnn():
     return (lambda m, x: jax.vmap(m)(x), model), _images(2, 12)
 
 
-CASES = {case.name: case for case in [
-    Case("hf-resnet", "torch", hf_resnet, "transformers", "pixel_values"),
-    Case("hf-vit", "torch", hf_vit, "transformers", "pixel_values"),
-    Case("hf-bert", "torch", hf_bert, "transformers"),
-    Case("hf-gpt2", "torch", hf_gpt2, "transformers"),
-    Case("hf-t5", "torch", hf_t5, "transformers"),
-    Case("keras-mobilenetv2", "tensorflow", keras_mobilenet, "keras", "input"),
-    Case("keras-efficientnetb0", "tensorflow", keras_efficientnet, "keras", "input"),
-    Case("keras-lstm-gru", "tensorflow", keras_recurrent, "keras"),
-    Case("keras-hub-bert", "tensorflow", keras_hub_bert, "keras_hub"),
-    Case("keras-dict-inputs", "tensorflow", keras_dict_inputs, "keras", "image"),
-    Case("flax-nnx-cnn", "jax", nnx_cnn, "flax", "input"),
-    Case("flax-linen-transformer", "jax", linen_transformer, "flax"),
-    Case("equinox-cnn", "jax", equinox_cnn, "equinox", "input"),
-]}
+CASES = {
+    case.name: case
+    for case in [
+        Case("hf-resnet", "torch", hf_resnet, "transformers", "pixel_values"),
+        Case("hf-vit", "torch", hf_vit, "transformers", "pixel_values"),
+        Case("hf-bert", "torch", hf_bert, "transformers"),
+        Case("hf-gpt2", "torch", hf_gpt2, "transformers"),
+        Case("hf-t5", "torch", hf_t5, "transformers"),
+        Case("keras-mobilenetv2", "tensorflow", keras_mobilenet, "keras", "input"),
+        Case("keras-efficientnetb0", "tensorflow", keras_efficientnet, "keras", "input"),
+        Case("keras-lstm-gru", "tensorflow", keras_recurrent, "keras"),
+        Case("keras-hub-bert", "tensorflow", keras_hub_bert, "keras_hub"),
+        Case("keras-dict-inputs", "tensorflow", keras_dict_inputs, "keras", "image"),
+        Case("flax-nnx-cnn", "jax", nnx_cnn, "flax", "input"),
+        Case("flax-linen-transformer", "jax", linen_transformer, "flax"),
+        Case("equinox-cnn", "jax", equinox_cnn, "equinox", "input"),
+    ]
+}
 #: the cases ``make test`` runs (one per framework, quick); ``make test-models`` runs them all
 SMOKE = ("hf-bert", "keras-dict-inputs", "flax-nnx-cnn")

@@ -98,8 +98,11 @@ def source_gradients(case, model, inputs: Inputs, weights: list) -> tuple[Any, d
         outputs = flat_outputs(call_with(model, inputs, tensors, keywords=True))
         loss(outputs, weights, lambda a, b: (a * torch.as_tensor(b)).sum()).backward()
         named = [(k, w) for k, w in model.named_parameters() if w.grad is not None]
-        return (None if position is None else tensors[position].grad.numpy(),
-                {k: w.detach().numpy() for k, w in named}, {k: w.grad.numpy() for k, w in named})
+        return (
+            None if position is None else tensors[position].grad.numpy(),
+            {k: w.detach().numpy() for k, w in named},
+            {k: w.grad.numpy() for k, w in named},
+        )
     if case.framework == "tensorflow":
         import tensorflow as tf
 
@@ -113,10 +116,16 @@ def source_gradients(case, model, inputs: Inputs, weights: list) -> tuple[Any, d
             value = loss(flat_outputs(y), weights, lambda a, b: tf.reduce_sum(a * b))
         grads = tape.gradient(value, ([tensors[position]] if position is not None else []) + list(variables))
         names = [f"{i}:{v.path}" for i, v in enumerate(variables)]
-        found = {k: (v.numpy(), g) for k, v, g in zip(names, variables, grads[len(grads) - len(variables):])
-                 if g is not None}
-        return (None if position is None else grads[0].numpy(), {k: v for k, (v, _) in found.items()},
-                {k: tf.convert_to_tensor(g).numpy() for k, (_, g) in found.items()})  # embeddings: IndexedSlices
+        found = {
+            k: (v.numpy(), g)
+            for k, v, g in zip(names, variables, grads[len(grads) - len(variables) :])
+            if g is not None
+        }
+        return (
+            None if position is None else grads[0].numpy(),
+            {k: v for k, (v, _) in found.items()},
+            {k: tf.convert_to_tensor(g).numpy() for k, (_, g) in found.items()},
+        )  # embeddings: IndexedSlices
     import jax
 
     apply, params = functional(model)
@@ -127,15 +136,19 @@ def source_gradients(case, model, inputs: Inputs, weights: list) -> tuple[Any, d
         full = list(flat)
         for i, leaf in zip(trained, train):
             full[i] = leaf
-        arrays = leaves if position is None else [*leaves[:position], x, *leaves[position + 1:]]
-        outputs = flat_outputs(call_with(lambda *xs: apply(jax.tree_util.tree_unflatten(tree, full), *xs),
-                                         inputs, arrays, keywords=False))
+        arrays = leaves if position is None else [*leaves[:position], x, *leaves[position + 1 :]]
+        outputs = flat_outputs(
+            call_with(lambda *xs: apply(jax.tree_util.tree_unflatten(tree, full), *xs), inputs, arrays, keywords=False)
+        )
         return loss(outputs, weights, lambda a, b: (a * b).sum())
 
     x = leaves[position] if position is not None else np.zeros(())
     grad_train, grad_x = jax.grad(objective, argnums=(0, 1))([flat[i] for i in trained], x)
-    return (None if position is None else np.asarray(grad_x), {str(i): np.asarray(flat[i]) for i in trained},
-            {str(i): np.asarray(g) for i, g in zip(trained, grad_train)})
+    return (
+        None if position is None else np.asarray(grad_x),
+        {str(i): np.asarray(flat[i]) for i in trained},
+        {str(i): np.asarray(g) for i, g in zip(trained, grad_train)},
+    )
 
 
 def functional(model):
@@ -162,27 +175,32 @@ def shared(source: dict, imported: dict) -> list[tuple[str, str, tuple[int, ...]
 
     matches = {}
     for name, value in source.items():
-        matches[name] = [(onnx_name, perm) for onnx_name, candidate in imported.items()
-                         if candidate.size == value.size and candidate.size > 1
-                         for perm in itertools.permutations(range(value.ndim))
-                         if value.transpose(perm).shape == candidate.shape
-                         and np.array_equal(value.transpose(perm), candidate)]
+        matches[name] = [
+            (onnx_name, perm)
+            for onnx_name, candidate in imported.items()
+            if candidate.size == value.size and candidate.size > 1
+            for perm in itertools.permutations(range(value.ndim))
+            if value.transpose(perm).shape == candidate.shape and np.array_equal(value.transpose(perm), candidate)
+        ]
     sources_of: dict[str, int] = {}
     for found in matches.values():
         for onnx_name in {onnx_name for onnx_name, _ in found}:
             sources_of[onnx_name] = sources_of.get(onnx_name, 0) + 1
-    return [(name, found[0][0], found[0][1]) for name, found in matches.items()
-            if len(found) == 1 and sources_of[found[0][0]] == 1]
+    return [
+        (name, found[0][0], found[0][1])
+        for name, found in matches.items()
+        if len(found) == 1 and sources_of[found[0][0]] == 1
+    ]
 
 
 def output_weights(expected) -> list:
     """The loss is ``sum_i <output_i, weights_i>`` over the float outputs: every element counts."""
-    return [np.random.default_rng(1).normal(size=e.shape).astype(e.dtype) if e.dtype.kind == "f" else None
-            for e in expected]
+    return [
+        np.random.default_rng(1).normal(size=e.shape).astype(e.dtype) if e.dtype.kind == "f" else None for e in expected
+    ]
 
 
-def import_gradients(backend, case, result, inputs: Inputs, weights: list, source_params: dict,
-                     float64: bool = False):
+def import_gradients(backend, case, result, inputs: Inputs, weights: list, source_params: dict, float64: bool = False):
     """``(pairs, gradients)`` through the import on ``backend``: for the input (key "input")
     and for the initializers that are parameters of the source (``shared``), as numpy; with
     ``float64``, the weights and float inputs are widened first (the numpy backend then
@@ -200,7 +218,7 @@ def import_gradients(backend, case, result, inputs: Inputs, weights: list, sourc
 
     def objective(p):
         params = {**imported.params, **{k: v for k, v in p.items() if k != "input"}}
-        xs = arrays if position is None else [*arrays[:position], p["input"], *arrays[position + 1:]]
+        xs = arrays if position is None else [*arrays[:position], p["input"], *arrays[position + 1 :]]
         total = ops.asarray(0.0)
         for out, w in zip(imported.apply(params, *xs), weights):
             if w is not None:
@@ -242,14 +260,16 @@ def test_gradient_differences_from_the_source_are_float32_rounding(name):
     case, model, inputs, result, expected = built(name)
     weights = output_weights(expected)
     want_input, source_params, want = source_gradients(case, model, inputs, weights)
-    pairs, reference = import_gradients(xdevice.backend("numpy"), case, result, inputs, weights, source_params,
-                                        float64=True)
+    pairs, reference = import_gradients(
+        xdevice.backend("numpy"), case, result, inputs, weights, source_params, float64=True
+    )
     assert all(g.dtype == np.float64 for g in reference.values()), "the reference must be float64"
     source = {"input": want_input, **{onnx_name: want[s].transpose(perm) for s, onnx_name, perm in pairs}}
     gradients = {"source": source}
     for framework in ("torch", "jax", "tensorflow"):
-        gradients[framework] = import_gradients(xdevice.backend(framework), case, result, inputs, weights,
-                                                source_params)[1]
+        gradients[framework] = import_gradients(
+            xdevice.backend(framework), case, result, inputs, weights, source_params
+        )[1]
     for who, found in gradients.items():
         for key, exact in reference.items():
             error = float(np.abs(np.asarray(found[key], np.float64) - exact).max() / np.abs(exact).max())
@@ -346,9 +366,14 @@ def test_a_converted_bert_takes_any_batch_and_sequence_in_every_saved_format(fra
         args = tuple(torch.as_tensor(example[k]) for k in ("input_ids", "attention_mask"))
         with warnings.catch_warnings():  # torch.onnx notes the two inputs share their axis names
             warnings.simplefilter("ignore")  # and its FutureWarnings about torch internals
-            program = torch.onnx.export(Encoder().eval(), args, dynamo=True, verbose=False,
-                                        dynamic_shapes=({0: batch, 1: seq}, {0: batch, 1: seq}),
-                                        input_names=["input_ids", "attention_mask"])
+            program = torch.onnx.export(
+                Encoder().eval(),
+                args,
+                dynamo=True,
+                verbose=False,
+                dynamic_shapes=({0: batch, 1: seq}, {0: batch, 1: seq}),
+                input_names=["input_ids", "attention_mask"],
+            )
         _dynamic_bert["model"] = program.model_proto
     proto = _dynamic_bert["model"]
     converted = convert_model(proto, to=framework, output=tmp_path / f"bert{xdevice.backend(framework).saved_format}")
@@ -392,7 +417,7 @@ def test_a_keras_recurrent_model_with_a_free_sequence_converts_to_every_saved_fo
     assert converted.inputs[0][2] == (("batch", "seq") if free else ("batch", 3))
     assert converted.note == "" if free else "Loop node" in converted.note and "scan outputs" in converted.note
     reference = _onnxruntime_session(proto)
-    for shape in ([(2, 12), (5, 19)] if free else [(2, 3), (6, 3)]):
+    for shape in [(2, 12), (5, 19)] if free else [(2, 3), (6, 3)]:
         tokens = np.random.default_rng(shape[1]).integers(0, 50, size=shape).astype(np.int32)
         (got,) = load_and_run(framework, converted.path, [tokens])
         want = reference.run(None, {reference.get_inputs()[0].name: tokens})[0]

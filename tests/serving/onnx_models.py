@@ -21,22 +21,35 @@ def dense_model():
     """y = relu(x @ W + B), total = sum(x, axis=1): two outputs, batch axis free."""
     from onnx import TensorProto, helper, numpy_helper
 
-    nodes = [helper.make_node("MatMul", ["x", "W"], ["xw"]), helper.make_node("Add", ["xw", "B"], ["z"]),
-             helper.make_node("Relu", ["z"], ["y"]),
-             helper.make_node("ReduceSum", ["x", "axes"], ["total"], keepdims=0)]
-    return onnx_model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4])],
-                      [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 3]),
-                       helper.make_tensor_value_info("total", TensorProto.FLOAT, ["batch"])],
-                      [numpy_helper.from_array(W, "W"), numpy_helper.from_array(B, "B"),
-                       numpy_helper.from_array(np.array([1], np.int64), "axes")])
+    nodes = [
+        helper.make_node("MatMul", ["x", "W"], ["xw"]),
+        helper.make_node("Add", ["xw", "B"], ["z"]),
+        helper.make_node("Relu", ["z"], ["y"]),
+        helper.make_node("ReduceSum", ["x", "axes"], ["total"], keepdims=0),
+    ]
+    return onnx_model(
+        nodes,
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4])],
+        [
+            helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 3]),
+            helper.make_tensor_value_info("total", TensorProto.FLOAT, ["batch"]),
+        ],
+        [
+            numpy_helper.from_array(W, "W"),
+            numpy_helper.from_array(B, "B"),
+            numpy_helper.from_array(np.array([1], np.int64), "axes"),
+        ],
+    )
 
 
 def strings_model():
     from onnx import TensorProto, helper
 
-    return onnx_model([helper.make_node("Identity", ["s"], ["out"])],
-                      [helper.make_tensor_value_info("s", TensorProto.STRING, ["n"])],
-                      [helper.make_tensor_value_info("out", TensorProto.STRING, ["n"])])
+    return onnx_model(
+        [helper.make_node("Identity", ["s"], ["out"])],
+        [helper.make_tensor_value_info("s", TensorProto.STRING, ["n"])],
+        [helper.make_tensor_value_info("out", TensorProto.STRING, ["n"])],
+    )
 
 
 def pair_model():
@@ -44,12 +57,19 @@ def pair_model():
     from onnx import TensorProto, helper, numpy_helper
 
     nodes = [helper.make_node("Add", ["a", "b"], ["sum"]), helper.make_node("Mul", ["n", "two"], ["count"])]
-    return onnx_model(nodes, [helper.make_tensor_value_info("a", TensorProto.FLOAT, ["batch", 2]),
-                              helper.make_tensor_value_info("b", TensorProto.FLOAT, ["batch", 2]),
-                              helper.make_tensor_value_info("n", TensorProto.INT64, ["batch"])],
-                      [helper.make_tensor_value_info("sum", TensorProto.FLOAT, ["batch", 2]),
-                       helper.make_tensor_value_info("count", TensorProto.INT64, ["batch"])],
-                      [numpy_helper.from_array(np.array(2, np.int64), "two")])
+    return onnx_model(
+        nodes,
+        [
+            helper.make_tensor_value_info("a", TensorProto.FLOAT, ["batch", 2]),
+            helper.make_tensor_value_info("b", TensorProto.FLOAT, ["batch", 2]),
+            helper.make_tensor_value_info("n", TensorProto.INT64, ["batch"]),
+        ],
+        [
+            helper.make_tensor_value_info("sum", TensorProto.FLOAT, ["batch", 2]),
+            helper.make_tensor_value_info("count", TensorProto.INT64, ["batch"]),
+        ],
+        [numpy_helper.from_array(np.array(2, np.int64), "two")],
+    )
 
 
 def reference(x):
@@ -66,6 +86,7 @@ def write_model(root, name, model, versions=(1, 2), config=None):
     for version in versions:
         (root / name / str(version)).mkdir(parents=True)
         (root / name / str(version) / "model.onnx").write_bytes(
-            model if isinstance(model, bytes) else model.SerializeToString())
+            model if isinstance(model, bytes) else model.SerializeToString()
+        )
     if config is not None:
         (root / name / "config.pbtxt").write_text(config)

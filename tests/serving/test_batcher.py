@@ -33,8 +33,12 @@ class Model:
 
 
 def batcher(model, **options) -> Batcher:
-    settings = {"max_batch_size": 8, "max_queue_delay": 0.05, "stats": Stats(),
-                "executor": concurrent.futures.ThreadPoolExecutor(1)} | options
+    settings = {
+        "max_batch_size": 8,
+        "max_queue_delay": 0.05,
+        "stats": Stats(),
+        "executor": concurrent.futures.ThreadPoolExecutor(1),
+    } | options
     return Batcher(model, **settings)
 
 
@@ -64,8 +68,9 @@ def test_requests_with_different_trailing_shapes_are_not_merged():
     queue = batcher(model)
 
     async def main():
-        answers = await asyncio.gather(queue.submit({"x": np.ones((2, 3), np.float32)}),
-                                       queue.submit({"x": np.ones((2, 4), np.float32)}))
+        answers = await asyncio.gather(
+            queue.submit({"x": np.ones((2, 3), np.float32)}), queue.submit({"x": np.ones((2, 4), np.float32)})
+        )
         await queue.close()
         return answers
 
@@ -124,8 +129,9 @@ def test_a_failing_run_fails_every_caller_of_that_batch_and_the_batcher_keeps_go
     queue = batcher(flaky, max_batch_size=2, max_queue_delay=0.05)
 
     async def main():
-        first = await asyncio.gather(*(queue.submit({"x": np.ones((1, 2), np.float32)}) for _ in range(2)),
-                                     return_exceptions=True)
+        first = await asyncio.gather(
+            *(queue.submit({"x": np.ones((1, 2), np.float32)}) for _ in range(2)), return_exceptions=True
+        )
         second = await queue.submit({"x": np.ones((1, 2), np.float32)})
         await queue.close()
         return first, second
@@ -133,7 +139,6 @@ def test_a_failing_run_fails_every_caller_of_that_batch_and_the_batcher_keeps_go
     first, second = asyncio.run(main())
     assert all(isinstance(f, RuntimeError) for f in first)
     assert second["y"].shape == (1, 2)
-
 
 
 def test_a_request_that_waited_past_its_timeout_is_rejected_or_delayed_as_the_policy_says():

@@ -16,8 +16,13 @@ EXAMPLE = Path(__file__).parents[2] / "examples" / "serve_end_to_end.py"
 def test_train_export_serve_and_query_with_the_standard_client(tmp_path):
     pytest.importorskip("torch")
     pytest.importorskip("tritonclient.http")
-    done = subprocess.run([sys.executable, str(EXAMPLE)], capture_output=True, text=True, timeout=600,
-                          env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "TMPDIR": str(tmp_path)})
+    done = subprocess.run(
+        [sys.executable, str(EXAMPLE)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "TMPDIR": str(tmp_path)},
+    )
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     assert not list(tmp_path.glob("xdevice-*")), "the example left its model repository behind"
     assert "max abs error against the trained torch model" in done.stdout
@@ -35,8 +40,13 @@ def test_a_torch_model_fine_tuned_in_jax_is_served_with_its_fine_tuned_answers(t
     """torch -> ONNX -> from_onnx on JAX -> fit -> export from JAX -> xdevice serve -> tritonclient."""
     for needed in ("torch", "jax", "jax2onnx", "tritonclient.http"):
         pytest.importorskip(needed)
-    done = subprocess.run([sys.executable, str(ROUND_TRIP)], capture_output=True, text=True, timeout=600,
-                          env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "TMPDIR": str(tmp_path)})
+    done = subprocess.run(
+        [sys.executable, str(ROUND_TRIP)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "TMPDIR": str(tmp_path)},
+    )
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     assert not list(tmp_path.glob("xdevice-*")), "the example left its files behind"
     served = next(line for line in done.stdout.splitlines() if "served vs fine-tuned" in line)

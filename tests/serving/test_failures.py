@@ -31,7 +31,7 @@ def broken_repository(tmp_path_factory):
     root = tmp_path_factory.mktemp("broken")
     write_model(root, "good", dense_model(), versions=(1,))
     write_model(root, "corrupt", b"this is not an ONNX model", versions=(1,))
-    write_model(root, "typo", dense_model(), versions=(1,), config="name: \"typo\"\nmax_batch_sise: 8\n")
+    write_model(root, "typo", dense_model(), versions=(1,), config='name: "typo"\nmax_batch_sise: 8\n')
     (root / "empty").mkdir()
     return root
 
@@ -45,8 +45,12 @@ def test_by_default_a_model_that_fails_to_load_stops_start_up_naming_each_reason
 
 
 def test_the_command_exits_with_the_reasons(broken_repository):
-    done = subprocess.run([sys.executable, "-m", "xdevice", "serve", str(broken_repository), "--port", "0",
-                           "--grpc-port", "0"], capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-m", "xdevice", "serve", str(broken_repository), "--port", "0", "--grpc-port", "0"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode != 0
     assert "failed to load" in done.stderr and "max_batch_sise" in done.stderr
 
@@ -85,11 +89,14 @@ model_warmup [ {{ name: "sample" batch_size: 2 count: 3
 """
 
 
-@pytest.mark.parametrize("dims, data, error", [
-    ("4", "random_data: true", None),
-    ("4", 'input_data_file: "x.bin"', None),
-    ("5", "zero_data: true", "warm-up 'sample' of model 'm' failed"),
-])
+@pytest.mark.parametrize(
+    "dims, data, error",
+    [
+        ("4", "random_data: true", None),
+        ("4", 'input_data_file: "x.bin"', None),
+        ("5", "zero_data: true", "warm-up 'sample' of model 'm' failed"),
+    ],
+)
 def test_warm_up_samples_run_before_the_model_is_ready(tmp_path, dims, data, error):
     write_model(tmp_path, "m", dense_model(), versions=(1,), config=WARMUP.format(dims=dims, data=data))
     (tmp_path / "m" / "warmup").mkdir()
@@ -102,14 +109,23 @@ def test_warm_up_samples_run_before_the_model_is_ready(tmp_path, dims, data, err
         create_app(tmp_path)
 
 
-@pytest.mark.parametrize("declared, error", [
-    ('input [ { name: "x" data_type: TYPE_FP32 dims: [ 4 ] } ] output [ { name: "y" data_type: TYPE_FP32 dims: [ 3 ] } ]',
-     None),
-    ('input [ { name: "image" data_type: TYPE_FP32 dims: [ 4 ] } ]', "input 'image' is not one of the model's inputs"),
-    ('input [ { name: "x" data_type: TYPE_INT32 dims: [ 4 ] } ]', "input 'x' has the model's type wrong"),
-    ('input [ { name: "x" data_type: TYPE_FP32 dims: [ 1, 4 ] } ]', "input 'x' has dims that do not fit the model"),
-    ('output [ { name: "y" data_type: TYPE_FP32 dims: [ 5 ] } ]', "output 'y' has dims that do not fit the model"),
-])
+@pytest.mark.parametrize(
+    "declared, error",
+    [
+        (
+            'input [ { name: "x" data_type: TYPE_FP32 dims: [ 4 ] } ] '
+            'output [ { name: "y" data_type: TYPE_FP32 dims: [ 3 ] } ]',
+            None,
+        ),
+        (
+            'input [ { name: "image" data_type: TYPE_FP32 dims: [ 4 ] } ]',
+            "input 'image' is not one of the model's inputs",
+        ),
+        ('input [ { name: "x" data_type: TYPE_INT32 dims: [ 4 ] } ]', "input 'x' has the model's type wrong"),
+        ('input [ { name: "x" data_type: TYPE_FP32 dims: [ 1, 4 ] } ]', "input 'x' has dims that do not fit the model"),
+        ('output [ { name: "y" data_type: TYPE_FP32 dims: [ 5 ] } ]', "output 'y' has dims that do not fit the model"),
+    ],
+)
 def test_declared_inputs_and_outputs_are_checked_against_the_model(tmp_path, declared, error):
     write_model(tmp_path, "m", dense_model(), versions=(1,), config=f"max_batch_size: 4\n{declared}\n")
     if error is None:

@@ -33,8 +33,11 @@ def test_health_metadata_config_and_the_index_over_grpc(client):
     assert client.is_server_live() and client.is_server_ready()
     assert client.is_model_ready("dense") and not client.is_model_ready("nope")
     metadata = client.get_model_metadata("pair")
-    assert [(t.name, t.datatype, list(t.shape)) for t in metadata.inputs] == \
-        [("a", "FP32", [-1, 2]), ("b", "FP32", [-1, 2]), ("n", "INT64", [-1])]
+    assert [(t.name, t.datatype, list(t.shape)) for t in metadata.inputs] == [
+        ("a", "FP32", [-1, 2]),
+        ("b", "FP32", [-1, 2]),
+        ("n", "INT64", [-1]),
+    ]
     assert client.get_model_metadata("versioned").versions == ["1", "2"]
     config = client.get_model_config("batched").config
     assert config.max_batch_size == 8 and config.dynamic_batching.max_queue_delay_microseconds == 50000
@@ -49,16 +52,18 @@ def test_infer_with_several_inputs_and_outputs_of_several_types(client):
     result = client.infer("pair", [tensor("a", a), tensor("b", b), tensor("n", n)], request_id="r7")
     np.testing.assert_array_equal(result.as_numpy("sum"), a + b)
     assert result.as_numpy("count").tolist() == [2, 4, 6] and result.get_response().id == "r7"
-    only = client.infer("pair", [tensor("a", a), tensor("b", b), tensor("n", n)],
-                        outputs=[grpcclient.InferRequestedOutput("count")])
+    only = client.infer(
+        "pair", [tensor("a", a), tensor("b", b), tensor("n", n)], outputs=[grpcclient.InferRequestedOutput("count")]
+    )
     assert only.as_numpy("sum") is None and only.as_numpy("count").tolist() == [2, 4, 6]
 
 
 def test_every_version_the_policy_selects_is_addressable(client):
     x = np.ones((2, 4), np.float32)
     for version in ("1", "2"):
-        assert client.infer("versioned", [tensor("x", x)], model_version=version).get_response().model_version \
-            == version
+        assert (
+            client.infer("versioned", [tensor("x", x)], model_version=version).get_response().model_version == version
+        )
     assert client.infer("versioned", [tensor("x", x)]).get_response().model_version == "2"  # the newest
 
 
@@ -67,15 +72,29 @@ def test_bytes_round_trip_over_grpc(client):
     assert client.infer("strings", [tensor("s", s)]).as_numpy("out").tolist() == s.tolist()
 
 
-@pytest.mark.parametrize("call, code, text", [
-    (lambda c: c.infer("nope", [tensor("x", np.ones((1, 4), np.float32))]), "NOT_FOUND", "Unknown model"),
-    (lambda c: c.infer("dense", [tensor("x", np.ones((1, 4), np.float32))], model_version="7"), "NOT_FOUND",
-     "no such version"),
-    (lambda c: c.infer("dense", [tensor("x", np.ones((1, 5), np.float32))]), "INVALID_ARGUMENT", "wrong shape"),
-    (lambda c: c.infer("dense", [tensor("X", np.ones((1, 4), np.float32))]), "INVALID_ARGUMENT",
-     "Model 'dense' got wrong input names"),
-    (lambda c: c.infer("batched", [tensor("x", np.ones((9, 4), np.float32))]), "INVALID_ARGUMENT", "max_batch_size"),
-], ids=["unknown-model", "unknown-version", "wrong-shape", "wrong-name", "over-batch"])
+@pytest.mark.parametrize(
+    "call, code, text",
+    [
+        (lambda c: c.infer("nope", [tensor("x", np.ones((1, 4), np.float32))]), "NOT_FOUND", "Unknown model"),
+        (
+            lambda c: c.infer("dense", [tensor("x", np.ones((1, 4), np.float32))], model_version="7"),
+            "NOT_FOUND",
+            "no such version",
+        ),
+        (lambda c: c.infer("dense", [tensor("x", np.ones((1, 5), np.float32))]), "INVALID_ARGUMENT", "wrong shape"),
+        (
+            lambda c: c.infer("dense", [tensor("X", np.ones((1, 4), np.float32))]),
+            "INVALID_ARGUMENT",
+            "Model 'dense' got wrong input names",
+        ),
+        (
+            lambda c: c.infer("batched", [tensor("x", np.ones((9, 4), np.float32))]),
+            "INVALID_ARGUMENT",
+            "max_batch_size",
+        ),
+    ],
+    ids=["unknown-model", "unknown-version", "wrong-shape", "wrong-name", "over-batch"],
+)
 def test_errors_are_grpc_status_codes_and_the_server_keeps_serving(client, call, code, text):
     with pytest.raises(InferenceServerException) as caught:
         call(client)
@@ -114,7 +133,7 @@ def _metric(server, name, model, version):
     text = connection.getresponse().read().decode()
     connection.close()
     prefix = f'{name}{{model="{model}",version="{version}"}} '
-    return float(next(line for line in text.splitlines() if line.startswith(prefix))[len(prefix):])
+    return float(next(line for line in text.splitlines() if line.startswith(prefix))[len(prefix) :])
 
 
 def test_statistics_on_http_and_grpc_agree_with_metrics(server, client):

@@ -9,7 +9,13 @@ import pytest
 from xdevice._errors import ConfigurationError, InferenceError
 from xdevice.serving.config import TensorConfig
 from xdevice.serving.repository import (
-    FROM_V2, V2_DATATYPES, ModelConfig, ModelNotFound, Repository, read_config, triton_config,
+    FROM_V2,
+    V2_DATATYPES,
+    ModelConfig,
+    ModelNotFound,
+    Repository,
+    read_config,
+    triton_config,
 )
 
 SAMPLE = """\
@@ -49,7 +55,7 @@ def test_versions_are_numeric_folders_holding_model_onnx_and_the_newest_is_serve
 
 
 def test_version_policy_specific_limits_what_is_served(tmp_path):
-    policy = 'version_policy { specific { versions: [1, 2] } }'
+    policy = "version_policy { specific { versions: [1, 2] } }"
     repo = make_repo(tmp_path, {"m": ["1", "2", "3"]}, {"m": policy})
     assert repo.latest("m") == 2
     with pytest.raises(ModelNotFound, match="Valid choices: 1, 2"):
@@ -60,8 +66,7 @@ def test_index_lists_every_model_and_version_folder(tmp_path):
     repo = make_repo(tmp_path, {"a": ["1", "2-"], "empty": []})
     assert repo.index() == [
         {"name": "a", "version": "1", "state": "UNAVAILABLE", "reason": ""},
-        {"name": "a", "version": "2", "state": "UNAVAILABLE",
-         "reason": f"no model.onnx in {tmp_path / 'a' / '2'}"},
+        {"name": "a", "version": "2", "state": "UNAVAILABLE", "reason": f"no model.onnx in {tmp_path / 'a' / '2'}"},
         {"name": "empty", "version": "", "state": "UNAVAILABLE", "reason": "no numeric version folder"},
     ]
 
@@ -112,18 +117,27 @@ def test_fields_triton_knows_parse_with_their_meaning(tmp_path):
     make_repo(tmp_path, {"m": ["1", "2", "3"]}, {"m": text})
     config = read_config(tmp_path / "m")
     assert config.version_policy == ("latest", 2) and config.selects([1, 2, 3]) == [2, 3]
-    assert (config.queue_timeout_us, config.timeout_action, config.allow_timeout_override, config.max_queue_size) \
-        == (2000, "DELAY", True, 16)
+    assert (config.queue_timeout_us, config.timeout_action, config.allow_timeout_override, config.max_queue_size) == (
+        2000,
+        "DELAY",
+        True,
+        16,
+    )
     [warmup] = config.warmup
     assert (warmup.name, warmup.batch_size, warmup.count) == ("zeros", 2, 3)
     assert warmup.inputs == {"x": ("float32", (3, 5), "zero", None)}
     assert config.inputs[0].dims == (3, -1)
 
 
-@pytest.mark.parametrize("policy, served", [
-    ("", [3]), ("version_policy { all { } }", [1, 2, 3]), ("version_policy { latest { num_versions: 2 } }", [2, 3]),
-    ("version_policy { specific { versions: [1, 3] } }", [1, 3]),
-])
+@pytest.mark.parametrize(
+    "policy, served",
+    [
+        ("", [3]),
+        ("version_policy { all { } }", [1, 2, 3]),
+        ("version_policy { latest { num_versions: 2 } }", [2, 3]),
+        ("version_policy { specific { versions: [1, 3] } }", [1, 3]),
+    ],
+)
 def test_every_version_the_policy_selects_is_served(tmp_path, policy, served):
     repo = make_repo(tmp_path, {"m": ["1", "2", "3"]}, {"m": policy})
     assert repo.served("m") == served and repo.latest("m") == served[-1]
@@ -137,31 +151,38 @@ def test_no_config_gives_triton_defaults_named_after_the_folder(tmp_path):
 def test_config_json_is_accepted(tmp_path):
     make_repo(tmp_path, {"m": ["1"]})
     (tmp_path / "m" / "config.json").write_text(
-        '{"max_batch_size": 4, "instance_group": [{"kind": "KIND_CPU", "count": 2}]}')
+        '{"max_batch_size": 4, "instance_group": [{"kind": "KIND_CPU", "count": 2}]}'
+    )
     config = read_config(tmp_path / "m")
     assert (config.max_batch_size, config.instance_count, config.device) == (4, 2, "cpu")
 
 
-@pytest.mark.parametrize(("text", "found"), [
-    ("max_batch_sise: 8", r"line 1: unknown field 'max_batch_sise' in ModelConfig.*Did you mean 'max_batch_size'"),
-    ("max_batch_size: 4\ndynamic_batching {\n  max_queue_delay: 5 }",
-     r"line 3: unknown field 'max_queue_delay' in ModelDynamicBatching.*Did you mean 'max_queue_delay_microseconds'"),
-    ("input [ { name: \"x\"\n data_typ: TYPE_FP32 } ]", r"line 2: unknown field 'data_typ' in ModelInput"),
-    ("model_warmup [ { name: \"w\" batch_sze: 1 } ]", r"line 1: unknown field 'batch_sze' in ModelWarmup"),
-    ("name: \"m\"\n\nmax_batch_size: \"eight\"", r"line 3: .*Couldn't parse integer"),
-    ("max_batch_size: 8\ninput [ { name: \"x\" \n", r"line 2: Expected"),
-    ("instance_group [ { kind: KIND_TPU } ]", r"line 1: .*no value named KIND_TPU"),
-    ("instance_group [ { kind: KIND_MODEL } ]", r"unsupported instance_group kind"),
-    ("instance_group [ { kind: KIND_GPU }, { kind: KIND_CPU } ]", r"every instance_group must use the same device"),
-    ("dynamic_batching { }", r"dynamic_batching needs max_batch_size > 0"),
-    ("max_batch_size: 4\ndynamic_batching { priority_levels: 2 }", r"line 2: priority levels are not supported"),
-    ("sequence_batching { }", r"'sequence_batching' \(stateful sequence models\) is not supported"),
-    ("ensemble_scheduling { }", r"'ensemble_scheduling' \(ensembles\) is not supported"),
-    ("\noptimization { graph { level: 1 } }", r"line 2: 'optimization' .* is not supported"),
-    ("platform: \"tensorflow_savedmodel\"", r"unsupported platform.*'onnxruntime_onnx'"),
-    ("input [ { name: \"x\" data_type: TYPE_FP32 dims: 3 reshape { shape: 3 } } ]", r"reshape is not supported"),
-    ("name: \"other\"", r"must match its folder name"),
-])
+@pytest.mark.parametrize(
+    ("text", "found"),
+    [
+        ("max_batch_sise: 8", r"line 1: unknown field 'max_batch_sise' in ModelConfig.*Did you mean 'max_batch_size'"),
+        (
+            "max_batch_size: 4\ndynamic_batching {\n  max_queue_delay: 5 }",
+            r"line 3: unknown field 'max_queue_delay' in ModelDynamicBatching"
+            r".*Did you mean 'max_queue_delay_microseconds'",
+        ),
+        ('input [ { name: "x"\n data_typ: TYPE_FP32 } ]', r"line 2: unknown field 'data_typ' in ModelInput"),
+        ('model_warmup [ { name: "w" batch_sze: 1 } ]', r"line 1: unknown field 'batch_sze' in ModelWarmup"),
+        ('name: "m"\n\nmax_batch_size: "eight"', r"line 3: .*Couldn't parse integer"),
+        ('max_batch_size: 8\ninput [ { name: "x" \n', r"line 2: Expected"),
+        ("instance_group [ { kind: KIND_TPU } ]", r"line 1: .*no value named KIND_TPU"),
+        ("instance_group [ { kind: KIND_MODEL } ]", r"unsupported instance_group kind"),
+        ("instance_group [ { kind: KIND_GPU }, { kind: KIND_CPU } ]", r"every instance_group must use the same device"),
+        ("dynamic_batching { }", r"dynamic_batching needs max_batch_size > 0"),
+        ("max_batch_size: 4\ndynamic_batching { priority_levels: 2 }", r"line 2: priority levels are not supported"),
+        ("sequence_batching { }", r"'sequence_batching' \(stateful sequence models\) is not supported"),
+        ("ensemble_scheduling { }", r"'ensemble_scheduling' \(ensembles\) is not supported"),
+        ("\noptimization { graph { level: 1 } }", r"line 2: 'optimization' .* is not supported"),
+        ('platform: "tensorflow_savedmodel"', r"unsupported platform.*'onnxruntime_onnx'"),
+        ('input [ { name: "x" data_type: TYPE_FP32 dims: 3 reshape { shape: 3 } } ]', r"reshape is not supported"),
+        ('name: "other"', r"must match its folder name"),
+    ],
+)
 def test_bad_config_names_the_file_and_the_line(tmp_path, text, found):
     make_repo(tmp_path, {"m": ["1"]}, {"m": text})
     with pytest.raises(ConfigurationError, match=found) as info:
@@ -170,8 +191,10 @@ def test_bad_config_names_the_file_and_the_line(tmp_path, text, found):
 
 
 def test_a_warmup_file_must_lie_in_the_models_warmup_folder(tmp_path):
-    text = ('model_warmup [ { name: "w" batch_size: 1 inputs { key: "x" value { data_type: TYPE_FP32 dims: [4] '
-            'input_data_file: "../../secret" } } } ]')
+    text = (
+        'model_warmup [ { name: "w" batch_size: 1 inputs { key: "x" value { data_type: TYPE_FP32 dims: [4] '
+        'input_data_file: "../../secret" } } } ]'
+    )
     make_repo(tmp_path, {"m": ["1"]}, {"m": text})
     with pytest.raises(ConfigurationError, match="no file '../../secret' inside"):
         read_config(tmp_path / "m")
@@ -186,10 +209,16 @@ def tensor(name, dtype, shape):
 
 
 def test_triton_config_drops_the_batch_dim_and_writes_ints():
-    config = ModelConfig("resnet", max_batch_size=8, max_queue_delay_us=100, preferred_batch_size=(4, 8),
-                         dynamic_batching=True, instance_count=2, device="gpu:1")
-    out = triton_config(config, [tensor("x", "float32", (None, 3, None, "W"))],
-                        [tensor("y", "string", (None, 10))])
+    config = ModelConfig(
+        "resnet",
+        max_batch_size=8,
+        max_queue_delay_us=100,
+        preferred_batch_size=(4, 8),
+        dynamic_batching=True,
+        instance_count=2,
+        device="gpu:1",
+    )
+    out = triton_config(config, [tensor("x", "float32", (None, 3, None, "W"))], [tensor("y", "string", (None, 10))])
     assert out["input"][0]["dims"] == [3, -1, -1] and out["input"][0]["data_type"] == "TYPE_FP32"
     assert out["output"][0]["dims"] == [10] and out["output"][0]["data_type"] == "TYPE_STRING"
     assert out["dynamic_batching"]["max_queue_delay_microseconds"] == 100

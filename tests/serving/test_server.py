@@ -18,6 +18,7 @@ from xdevice.serving.server import Server  # noqa: E402
 
 from .onnx_models import reference  # noqa: E402
 
+
 @pytest.fixture
 def client(server):
     return httpclient.InferenceServerClient(server.url)
@@ -65,22 +66,30 @@ def test_only_the_outputs_asked_for_come_back(client):
 def test_bytes_tensors_round_trip(client):
     s = np.array([b"hello", b"", "gr\u00fc\u00df".encode()], dtype=object)
     for binary in (True, False):
-        result = client.infer("strings", [_input(s, "s", binary)],
-                              outputs=[httpclient.InferRequestedOutput("out", binary_data=binary)])
+        result = client.infer(
+            "strings", [_input(s, "s", binary)], outputs=[httpclient.InferRequestedOutput("out", binary_data=binary)]
+        )
         got = [v if isinstance(v, bytes) else v.encode() for v in result.as_numpy("out").tolist()]
         assert got == s.tolist()  # the client hands JSON strings back as str, binary ones as bytes
 
 
-@pytest.mark.parametrize("call, status, text", [
-    (lambda c: c.infer("nope", [_input(np.ones((1, 4), np.float32))]), "404", "Unknown model"),
-    (lambda c: c.infer("dense", [_input(np.ones((1, 4), np.float32))], model_version="7"), "404", "no such version"),
-    (lambda c: c.infer("dense", [_input(np.ones((1, 4), np.float32), "X")]), "400", "Valid choices: x"),
-    (lambda c: c.infer("dense", [_input(np.ones((1, 5), np.float32))]), "400", "wrong shape"),
-    (lambda c: c.infer("dense", [_input(np.ones((2, 4)))]), "400", "wrong datatype"),
-    (lambda c: c.infer("batched", [_input(np.ones((9, 4), np.float32))]), "400", "max_batch_size"),
-    (lambda c: c.infer("dense", [_input(np.ones((400, 1024), np.float32))]), "413", "too large"),
-], ids=["unknown-model", "unknown-version", "wrong-name", "wrong-shape", "wrong-datatype", "over-batch",
-        "too-large"])
+@pytest.mark.parametrize(
+    "call, status, text",
+    [
+        (lambda c: c.infer("nope", [_input(np.ones((1, 4), np.float32))]), "404", "Unknown model"),
+        (
+            lambda c: c.infer("dense", [_input(np.ones((1, 4), np.float32))], model_version="7"),
+            "404",
+            "no such version",
+        ),
+        (lambda c: c.infer("dense", [_input(np.ones((1, 4), np.float32), "X")]), "400", "Valid choices: x"),
+        (lambda c: c.infer("dense", [_input(np.ones((1, 5), np.float32))]), "400", "wrong shape"),
+        (lambda c: c.infer("dense", [_input(np.ones((2, 4)))]), "400", "wrong datatype"),
+        (lambda c: c.infer("batched", [_input(np.ones((9, 4), np.float32))]), "400", "max_batch_size"),
+        (lambda c: c.infer("dense", [_input(np.ones((400, 1024), np.float32))]), "413", "too large"),
+    ],
+    ids=["unknown-model", "unknown-version", "wrong-name", "wrong-shape", "wrong-datatype", "over-batch", "too-large"],
+)
 def test_bad_requests_get_a_4xx_that_says_why_and_the_server_keeps_serving(client, call, status, text):
     with pytest.raises(InferenceServerException) as caught:
         call(client)
@@ -101,44 +110,103 @@ def _raw(server, body: bytes, headers=None, path="/v2/models/dense/infer"):
 HEADER = b'{"inputs": [{"name": "x", "shape": [1, 4], "datatype": "FP32", "parameters": {"binary_data_size": 16}}]}'
 
 
-@pytest.mark.parametrize("body, headers, text", [
-    (b"{not json", {}, "not valid JSON"),
-    (b'{"inputs": [{"name": "x", "shape": [2, 4], "datatype": "FP32", "data": [1, 2, 3]}]}', {},
-     "does not match the shape"),
-    (HEADER + b"\0" * 8, {"Inference-Header-Content-Length": str(len(HEADER))}, "binary_data_size does not add up"),
-    (HEADER + b"\0" * 24, {"Inference-Header-Content-Length": str(len(HEADER))}, "binary part is longer"),
-    (HEADER + b"\0" * 16, {"Inference-Header-Content-Length": "9999"}, "does not fit the body"),
-    (b'{"inputs": []}', {}, "no `inputs`"),
-    (b'{"inputs": [{"name": "x", "shape": [1, 4], "datatype": "FLOAT", "data": [1, 2, 3, 4]}]}', {},
-     "unknown datatype"),
-    (b'{"inputs": [{"name": "x", "shape": [1, 4], "datatype": "FP32", "data": [1, null, 3, 4]}]}', {},
-     "Received: 'null'"),
-    (b'{"inputs": [{"name": "x", "shape": [1, 4], "datatype": "FP32", "data": [1, true, 3, 4]}]}', {},
-     "Received: 'true'"),
-    (b'{"inputs": [{"name": "x", "shape": [2, 2], "datatype": "FP32", "data": [[1, 2, 3], [4]]}]}', {},
-     "nested data must follow the shape"),
-    (b'{"inputs": [{"name": "x", "shape": [1, 4], "datatype": "FP32", "data": ' + b"[" * 900 + b"1" + b"]" * 900
-     + b"}]}", {}, "nested data must follow the shape"),
-    (b'{"inputs": [{"name": "x", "shape": [1, 4], "datatype": "INT8", "data": [1, 2, 300, 4]}]}', {},
-     "beyond INT8's range"),
-    (b'{"inputs": [{"name": "x", "shape": [1, 4], "datatype": "INT32", "data": [1, 2.5, 3, 4]}]}', {},
-     "Expected whole numbers"),
-    (b'{"inputs": [{"name": "x", "shape": [1, 4], "datatype": "FP16", "data": [1, 2, 1e6, 4]}]}', {},
-     "beyond FP16's range"),
-    (b'{"inputs": [{"name": "x", "shape": [1, 4], "datatype": "BOOL", "data": [1, 0, 1, 0]}]}', {},
-     "Expected true or false"),
-    (b'{"inputs": [{"name": "x", "shape": [1, 4], "datatype": "FP32", "data": [1, 2, 3, 4]}],'
-     b' "parameters": {"timeout": 5}}', {}, "does not let a request set its own timeout"),
-], ids=["not-json", "count", "binary-short", "binary-long", "header-length", "no-inputs", "datatype", "null",
-        "bool-for-float", "ragged", "deep", "int8-overflow", "fraction-for-int", "fp16-overflow", "int-for-bool",
-        "timeout-override"])
+@pytest.mark.parametrize(
+    "body, headers, text",
+    [
+        (b"{not json", {}, "not valid JSON"),
+        (
+            b'{"inputs": [{"name": "x", "shape": [2, 4], "datatype": "FP32", "data": [1, 2, 3]}]}',
+            {},
+            "does not match the shape",
+        ),
+        (HEADER + b"\0" * 8, {"Inference-Header-Content-Length": str(len(HEADER))}, "binary_data_size does not add up"),
+        (HEADER + b"\0" * 24, {"Inference-Header-Content-Length": str(len(HEADER))}, "binary part is longer"),
+        (HEADER + b"\0" * 16, {"Inference-Header-Content-Length": "9999"}, "does not fit the body"),
+        (b'{"inputs": []}', {}, "no `inputs`"),
+        (
+            b'{"inputs": [{"name": "x", "shape": [1, 4], "datatype": "FLOAT", "data": [1, 2, 3, 4]}]}',
+            {},
+            "unknown datatype",
+        ),
+        (
+            b'{"inputs": [{"name": "x", "shape": [1, 4], "datatype": "FP32", "data": [1, null, 3, 4]}]}',
+            {},
+            "Received: 'null'",
+        ),
+        (
+            b'{"inputs": [{"name": "x", "shape": [1, 4], "datatype": "FP32", "data": [1, true, 3, 4]}]}',
+            {},
+            "Received: 'true'",
+        ),
+        (
+            b'{"inputs": [{"name": "x", "shape": [2, 2], "datatype": "FP32", "data": [[1, 2, 3], [4]]}]}',
+            {},
+            "nested data must follow the shape",
+        ),
+        (
+            b'{"inputs": [{"name": "x", "shape": [1, 4], "datatype": "FP32", "data": '
+            + b"[" * 900
+            + b"1"
+            + b"]" * 900
+            + b"}]}",
+            {},
+            "nested data must follow the shape",
+        ),
+        (
+            b'{"inputs": [{"name": "x", "shape": [1, 4], "datatype": "INT8", "data": [1, 2, 300, 4]}]}',
+            {},
+            "beyond INT8's range",
+        ),
+        (
+            b'{"inputs": [{"name": "x", "shape": [1, 4], "datatype": "INT32", "data": [1, 2.5, 3, 4]}]}',
+            {},
+            "Expected whole numbers",
+        ),
+        (
+            b'{"inputs": [{"name": "x", "shape": [1, 4], "datatype": "FP16", "data": [1, 2, 1e6, 4]}]}',
+            {},
+            "beyond FP16's range",
+        ),
+        (
+            b'{"inputs": [{"name": "x", "shape": [1, 4], "datatype": "BOOL", "data": [1, 0, 1, 0]}]}',
+            {},
+            "Expected true or false",
+        ),
+        (
+            b'{"inputs": [{"name": "x", "shape": [1, 4], "datatype": "FP32", "data": [1, 2, 3, 4]}],'
+            b' "parameters": {"timeout": 5}}',
+            {},
+            "does not let a request set its own timeout",
+        ),
+    ],
+    ids=[
+        "not-json",
+        "count",
+        "binary-short",
+        "binary-long",
+        "header-length",
+        "no-inputs",
+        "datatype",
+        "null",
+        "bool-for-float",
+        "ragged",
+        "deep",
+        "int8-overflow",
+        "fraction-for-int",
+        "fp16-overflow",
+        "int-for-bool",
+        "timeout-override",
+    ],
+)
 def test_malformed_bodies_get_400_with_json_errors(server, body, headers, text):
     status, reply = _raw(server, body, headers)
     import orjson
 
     assert status == 400 and text in orjson.loads(reply)["error"]
-    assert _raw(server, b'{"inputs": [{"name": "x", "shape": [1, 4], "datatype": "FP32", '
-                        b'"data": [1, 2, 3, 4]}]}')[0] == 200
+    assert (
+        _raw(server, b'{"inputs": [{"name": "x", "shape": [1, 4], "datatype": "FP32", "data": [1, 2, 3, 4]}]}')[0]
+        == 200
+    )
 
 
 def test_a_client_that_never_finishes_its_headers_is_disconnected(repository):
@@ -177,11 +245,13 @@ def test_32_concurrent_requests_are_batched_and_each_gets_exactly_its_own_rows(s
 
     async def run_all():
         async with aioclient.InferenceServerClient(server.url) as aio:
+
             async def one(x):
                 tensor = httpclient.InferInput("x", list(x.shape), "FP32")
                 tensor.set_data_from_numpy(x)
                 result = await aio.infer("batched", [tensor])
                 return result.as_numpy("y"), result.as_numpy("total")
+
             return await asyncio.gather(*(one(x) for x in inputs))
 
     results = asyncio.run(run_all())

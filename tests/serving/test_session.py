@@ -33,14 +33,21 @@ def mul_relu_add():
     two = helper.make_tensor("two", TensorProto.FLOAT, [], [2.0])
     one = helper.make_tensor("one", TensorProto.FLOAT, [], [1.0])
     zero = helper.make_tensor("zero", TensorProto.FLOAT, [], [0.0])
-    nodes = [helper.make_node("Mul", ["x", "two"], ["m"], name="mul0"),
-             helper.make_node("Relu", ["m"], ["r"], name="relu0"),
-             helper.make_node("Add", ["r", "one"], ["y"], name="add0"),
-             helper.make_node("Greater", ["x", "zero"], ["mask"], name="gt0")]
-    return _model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4])],
-                  [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 4]),
-                   helper.make_tensor_value_info("mask", TensorProto.BOOL, ["N", 4])],
-                  [two, one, zero])
+    nodes = [
+        helper.make_node("Mul", ["x", "two"], ["m"], name="mul0"),
+        helper.make_node("Relu", ["m"], ["r"], name="relu0"),
+        helper.make_node("Add", ["r", "one"], ["y"], name="add0"),
+        helper.make_node("Greater", ["x", "zero"], ["mask"], name="gt0"),
+    ]
+    return _model(
+        nodes,
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4])],
+        [
+            helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 4]),
+            helper.make_tensor_value_info("mask", TensorProto.BOOL, ["N", 4]),
+        ],
+        [two, one, zero],
+    )
 
 
 @pytest.fixture(scope="module")
@@ -139,18 +146,23 @@ def test_warmup_makes_the_session_ready(mul_relu_add):
 def test_warmup_failure_says_how_to_skip_it():
     # Reshape to a fixed 4 elements fails on the warm-up's 1-element zeros
     shape = helper.make_tensor("shape", TensorProto.INT64, [1], [4])
-    model = _model([helper.make_node("Reshape", ["x", "shape"], ["y"])],
-                   [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N"])],
-                   [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4])], [shape])
+    model = _model(
+        [helper.make_node("Reshape", ["x", "shape"], ["y"])],
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N"])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4])],
+        [shape],
+    )
     with pytest.raises(InferenceError, match="warmup=False"):
         Session(model)
     assert Session(model, warmup=False).run({"x": np.ones(4, np.float32)})["y"].shape == (4,)
 
 
 def test_string_inputs_accept_bytes_and_come_back_as_str():
-    model = _model([helper.make_node("Identity", ["s"], ["t"])],
-                   [helper.make_tensor_value_info("s", TensorProto.STRING, [None])],
-                   [helper.make_tensor_value_info("t", TensorProto.STRING, [None])])
+    model = _model(
+        [helper.make_node("Identity", ["s"], ["t"])],
+        [helper.make_tensor_value_info("s", TensorProto.STRING, [None])],
+        [helper.make_tensor_value_info("t", TensorProto.STRING, [None])],
+    )
     session = Session(model)
     assert session.run({"s": [b"ab", "c\u00e9"]})["t"].tolist() == ["ab", "c\u00e9"]
 
@@ -161,7 +173,7 @@ def test_runs_from_several_threads(session):
     def work(i):
         try:
             results.append(np.allclose(session.run({"x": X + i})["y"], _expected(X + i)))
-        except Exception as error:  # pragma: no cover - reported below
+        except Exception as error:  # noqa: BLE001 - any failure in a thread is reported below
             errors.append(error)
 
     threads = [threading.Thread(target=work, args=(i,)) for i in range(8)]
@@ -206,8 +218,12 @@ def test_check_providers_refuses_missing_tensorrt():
 
 
 def test_strict_lists_the_ops_that_fell_back_to_cpu():
-    nodes = [("CUDAExecutionProvider", "MatMul"), ("CPUExecutionProvider", "NonZero"),
-             ("CPUExecutionProvider", "Shape"), ("CPUExecutionProvider", "Shape")]
+    nodes = [
+        ("CUDAExecutionProvider", "MatMul"),
+        ("CPUExecutionProvider", "NonZero"),
+        ("CPUExecutionProvider", "Shape"),
+        ("CPUExecutionProvider", "Shape"),
+    ]
     _check_providers(GPU, REQUESTED, REQUESTED, nodes, strict=False)
     with pytest.raises(ConfigurationError, match=r"3 node\(s\).*NonZero x1, Shape x2"):
         _check_providers(GPU, REQUESTED, REQUESTED, nodes, strict=True)
@@ -229,7 +245,10 @@ def test_check_providers_accepts_any_cpu_session():
 def test_provider_list_puts_tensorrt_first_and_cpu_last():
     providers = provider_list(Device("gpu", 2), tensorrt=True, memory_limit=2**30)
     assert [p if isinstance(p, str) else p[0] for p in providers] == [
-        "TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider"]
+        "TensorrtExecutionProvider",
+        "CUDAExecutionProvider",
+        "CPUExecutionProvider",
+    ]
     assert providers[1][1] == {"device_id": 2, "gpu_mem_limit": 2**30}
     assert provider_list(Device("cpu", 0)) == ["CPUExecutionProvider"]
 
@@ -237,8 +256,9 @@ def test_provider_list_puts_tensorrt_first_and_cpu_last():
 def test_configured_memory_limit_reaches_the_cuda_options(monkeypatch):
     monkeypatch.setattr(session_module._configure, "_applied", {})
     assert session_module._memory_limit(GPU) is None
-    monkeypatch.setitem(session_module._configure._applied, "torch",
-                        (Config.make(memory_limit={"gpu:0": "1GiB", "gpu:1": "2GiB"}), []))
+    monkeypatch.setitem(
+        session_module._configure._applied, "torch", (Config.make(memory_limit={"gpu:0": "1GiB", "gpu:1": "2GiB"}), [])
+    )
     assert session_module._memory_limit(Device("gpu", 1)) == 2 * 2**30
     cuda = provider_list(GPU, memory_limit=session_module._memory_limit(GPU))[0]
     assert cuda == ("CUDAExecutionProvider", {"device_id": 0, "gpu_mem_limit": 2**30})

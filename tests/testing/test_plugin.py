@@ -4,7 +4,7 @@ from __future__ import annotations
 
 pytest_plugins = ["pytester"]
 
-USER_TEST = '''
+USER_TEST = """
 import numpy as np
 from xdevice.testing import assert_parity
 
@@ -13,7 +13,7 @@ def test_softmax(backend):
 
 def test_device(backend, device):
     assert str(device) == "cpu:0"
-'''
+"""
 
 
 def test_backend_fixture_runs_once_per_selected_backend(pytester):
@@ -37,7 +37,8 @@ def test_a_typo_in_the_backend_option_is_a_usage_error_naming_the_choices(pytest
 
 
 def test_a_parity_failure_reads_well_in_the_pytest_report(pytester):
-    pytester.makepyfile(test_user='''
+    pytester.makepyfile(
+        test_user="""
 import numpy as np
 from xdevice.testing import assert_parity
 
@@ -46,22 +47,30 @@ def scaled(ops, x):  # a bug that only shows in float32: the reference runs in f
 
 def test_wrong(backend):
     assert_parity(scaled, [np.full((3,), 100.0)], backends=[backend.name], subject="scaled")
-''')
+"""
+    )
     result = pytester.runpytest("--xdevice-backends=numpy")
     result.assert_outcomes(failed=1)
-    result.stdout.fnmatch_lines(["*ParityError*", "*scaled: backend 'numpy', tensor 'output': worst at index (0,): 100.1000* vs reference 100.0*"])
+    result.stdout.fnmatch_lines(
+        [
+            "*ParityError*",
+            "*scaled: backend 'numpy', tensor 'output': worst at index (0,): 100.1000* vs reference 100.0*",
+        ]
+    )
 
 
 def test_gpu_tests_skip_with_a_reason_on_a_machine_without_one(pytester):
     import xdevice
 
-    pytester.makepyfile(test_user='''
+    pytester.makepyfile(
+        test_user="""
 import pytest
 
 @pytest.mark.gpu
 def test_needs_gpu():
     pass
-''')
+"""
+    )
     result = pytester.runpytest("-rs")
     if xdevice.devices(kind="gpu"):
         result.assert_outcomes(passed=1)

@@ -43,11 +43,27 @@ class Recorder(Callback):
 
 def test_the_hooks_run_in_order_with_the_logs(backend):
     recorder = Recorder()
-    fit(models.build("mlp", backend=backend.name, **MLP), data(16), epochs=2, batch_size=8, verbose=0,
-        callbacks=[recorder])
+    fit(
+        models.build("mlp", backend=backend.name, **MLP),
+        data(16),
+        epochs=2,
+        batch_size=8,
+        verbose=0,
+        callbacks=[recorder],
+    )
     step = "['accuracy', 'loss', 'lr']"
-    assert recorder.calls == ["fit", "epoch 1", f"step 1 {step}", f"step 2 {step}", "end 1 True",
-                              "epoch 2", f"step 3 {step}", f"step 4 {step}", "end 2 True", "done"]
+    assert recorder.calls == [
+        "fit",
+        "epoch 1",
+        f"step 1 {step}",
+        f"step 2 {step}",
+        "end 1 True",
+        "epoch 2",
+        f"step 3 {step}",
+        f"step 4 {step}",
+        "end 2 True",
+        "done",
+    ]
 
 
 def test_early_stopping_stops_and_restores_the_best_weights():
@@ -65,8 +81,16 @@ def test_early_stopping_stops_and_restores_the_best_weights():
 def test_best_checkpoint_keeps_the_best_epoch(tmp_path):
     x, y = data()
     keep = BestCheckpoint(str(tmp_path / "best"), monitor="accuracy", mode="max")
-    history = fit(models.build("mlp", seed=1, **MLP), (x, y), optimizer="adam", lr=0.02, epochs=4, batch_size=8,
-                  verbose=0, callbacks=[keep])
+    history = fit(
+        models.build("mlp", seed=1, **MLP),
+        (x, y),
+        optimizer="adam",
+        lr=0.02,
+        epochs=4,
+        batch_size=8,
+        verbose=0,
+        callbacks=[keep],
+    )
     accuracy = history["accuracy"]
     first_best = int(np.argmax(accuracy)) + 1  # the first epoch reaching the maximum
     assert keep.best_epoch == first_best
@@ -75,15 +99,25 @@ def test_best_checkpoint_keeps_the_best_epoch(tmp_path):
 
 
 def test_a_monitored_value_that_is_not_recorded_names_those_that_are():
-    with pytest.raises(ConfigurationError, match=r"'val_loss' is not in the epoch's record.*Valid choices: "
-                                                 r"accuracy.*fit\(\.\.\., validation=\(x, y\)\)"):
+    with pytest.raises(
+        ConfigurationError,
+        match=r"'val_loss' is not in the epoch's record.*Valid choices: "
+        r"accuracy.*fit\(\.\.\., validation=\(x, y\)\)",
+    ):
         fit(models.build("mlp", **MLP), data(16), epochs=1, verbose=0, callbacks=[EarlyStopping()])
 
 
 def test_the_csv_log_has_a_row_per_epoch(tmp_path):
     path = tmp_path / "log.csv"
-    history = fit(models.build("mlp", seed=1, **MLP), data(), epochs=3, batch_size=16, validation=data(16, seed=2),
-                  verbose=0, callbacks=[CSVLogger(str(path))])
+    history = fit(
+        models.build("mlp", seed=1, **MLP),
+        data(),
+        epochs=3,
+        batch_size=16,
+        validation=data(16, seed=2),
+        verbose=0,
+        callbacks=[CSVLogger(str(path))],
+    )
     with path.open() as file:
         rows = list(csv.DictReader(file))
     assert [int(r["epoch"]) for r in rows] == [1, 2, 3]
@@ -94,8 +128,14 @@ def test_the_csv_log_has_a_row_per_epoch(tmp_path):
 def test_tensorboard_event_files_hold_each_step_and_epoch(tmp_path):
     pytest.importorskip("tensorboardX")
     tf = pytest.importorskip("tensorflow")
-    history = fit(models.build("mlp", seed=1, **MLP), data(), epochs=2, batch_size=16, verbose=0,
-                  callbacks=[TensorBoard(str(tmp_path))])
+    history = fit(
+        models.build("mlp", seed=1, **MLP),
+        data(),
+        epochs=2,
+        batch_size=16,
+        verbose=0,
+        callbacks=[TensorBoard(str(tmp_path))],
+    )
     values: dict[str, list[tuple[int, float]]] = {}
     for path in tmp_path.iterdir():  # read back with TensorFlow's own reader of the format
         for event in tf.compat.v1.train.summary_iterator(str(path)):

@@ -18,8 +18,13 @@ EXAMPLE = Path(__file__).parents[2] / "examples" / "train_anywhere.py"
 def test_train_anywhere_trains_exports_and_matches_onnx_runtime(framework):
     pytest.importorskip(framework)
     pytest.importorskip("onnxruntime")
-    done = subprocess.run([sys.executable, str(EXAMPLE), "--backend", framework], capture_output=True, text=True,
-                          timeout=600, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
+    done = subprocess.run(
+        [sys.executable, str(EXAMPLE), "--backend", framework],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"},
+    )
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     error = re.search(r"ONNX max abs error (\S+);", done.stdout)
     assert error is not None, done.stdout[-2000:]
@@ -34,11 +39,18 @@ def test_the_training_recipe_stops_early_and_its_best_checkpoint_scores_as_recor
     pytest.importorskip(framework)
     pytest.importorskip("tensorboardX")
     recipe = Path(__file__).parents[2] / "examples" / "train_recipe.py"
-    done = subprocess.run([sys.executable, str(recipe), "--backend", framework, "--precision", precision],
-                          capture_output=True, text=True, timeout=600, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
+    done = subprocess.run(
+        [sys.executable, str(recipe), "--backend", framework, "--precision", precision],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"},
+    )
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     assert re.search(r"early stopping ended it after epoch \d+", done.stdout), done.stdout[-2000:]
-    scored, recorded = map(float, re.search(r"held-out accuracy (\S+)% \(the run recorded (\S+)%", done.stdout).groups())
+    scored, recorded = map(
+        float, re.search(r"held-out accuracy (\S+)% \(the run recorded (\S+)%", done.stdout).groups()
+    )
     assert scored == recorded and scored > 80
     assert "TensorBoard event files: 1" in done.stdout and re.search(r"arithmetic [\d.]+ MiB", done.stdout)
 
@@ -48,9 +60,27 @@ def test_the_scaling_benchmark_runs_its_one_vs_n_path_on_virtual_cpus():
     """The path a multi-GPU machine takes, on 2 virtual CPUs: a row for 1 and for 2 devices."""
     pytest.importorskip("jax")
     script = Path(__file__).parents[2] / "benchmarks" / "train.py"
-    done = subprocess.run([sys.executable, str(script), "--parts", "scaling", "--scaling-on", "cpu",
-                           "--models", "mlp", "--backends", "jax", "--steps", "3", "--warmup", "1"],
-                          capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(script),
+            "--parts",
+            "scaling",
+            "--scaling-on",
+            "cpu",
+            "--models",
+            "mlp",
+            "--backends",
+            "jax",
+            "--steps",
+            "3",
+            "--warmup",
+            "1",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     rows = re.findall(r"^mlp\s+jax\s+(\d)\s+[\d.]+\s+\d+\s+([\d.]+)x$", done.stdout, re.M)
     assert [count for count, _ in rows] == ["1", "2"], done.stdout

@@ -7,8 +7,12 @@ import pytest
 
 from xdevice import ConfigurationError, Trainer, fit, models
 
-OPTIMIZERS = {"sgd": {"lr": 0.1}, "momentum": {"lr": 0.05}, "adam": {"lr": 0.01},
-              "adamw": {"lr": 0.01, "weight_decay": 0.1}}
+OPTIMIZERS = {
+    "sgd": {"lr": 0.1},
+    "momentum": {"lr": 0.05},
+    "adam": {"lr": 0.01},
+    "adamw": {"lr": 0.01, "weight_decay": 0.1},
+}
 SMALL_MLP = {"hidden": [16], "inputs": 6, "classes": 3}
 
 
@@ -24,8 +28,9 @@ def curve(backend: str, optimizer: str, steps: int = 10, name: str = "mlp", **sp
     if spec:  # an image model: its own input shape, labels from the mean brightness
         x = model.example_input(80, seed=0)
         y = np.digitize(x.mean(axis=(1, 2, 3)), np.quantile(x.mean(axis=(1, 2, 3)), [1 / 3, 2 / 3]))
-    history = fit(model, (x, y), optimizer=optimizer, epochs=10, steps=steps, batch_size=8, verbose=0,
-                  **OPTIMIZERS[optimizer])
+    history = fit(
+        model, (x, y), optimizer=optimizer, epochs=10, steps=steps, batch_size=8, verbose=0, **OPTIMIZERS[optimizer]
+    )
     return history.steps
 
 
@@ -45,18 +50,21 @@ def test_a_model_with_batch_norm_trains_the_same_everywhere(backend):
         pytest.skip("numpy is the reference these curves are compared with")
     spec = {"channels": [4, 8], "classes": 3}
     reference = curve("numpy", "adam", steps=4, name="cnn", **spec)
-    np.testing.assert_allclose(curve(backend.name, "adam", steps=4, name="cnn", **spec), reference,
-                               rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(
+        curve(backend.name, "adam", steps=4, name="cnn", **spec), reference, rtol=1e-4, atol=1e-5
+    )
 
 
-def torch_loop(torch, module, optimizer, x, y, *, epochs: int = 1, batch: int = 8, after_backward=None,
-               scheduler=None) -> list[float]:
+def torch_loop(
+    torch, module, optimizer, x, y, *, epochs: int = 1, batch: int = 8, after_backward=None, scheduler=None
+) -> list[float]:
     """A plain torch loop over the batches in order (fit's shuffle=False): each step's loss."""
     losses = []
     for _ in range(epochs):
         for start in range(0, len(x), batch):
-            loss = torch.nn.functional.cross_entropy(module(torch.as_tensor(x[start:start + batch])),
-                                                     torch.as_tensor(y[start:start + batch]))
+            loss = torch.nn.functional.cross_entropy(
+                module(torch.as_tensor(x[start : start + batch])), torch.as_tensor(y[start : start + batch])
+            )
             optimizer.zero_grad()
             loss.backward()
             if after_backward is not None:
@@ -83,10 +91,12 @@ def test_the_optimizers_do_what_torch_optim_does(optimizer):
     model = models.build("mlp", backend="torch", seed=1, **SMALL_MLP)
     module = models.to_native(model, "torch")
     settings = dict(OPTIMIZERS[optimizer])
-    native = {"sgd": lambda p: torch.optim.SGD(p, **settings),
-              "momentum": lambda p: torch.optim.SGD(p, momentum=0.9, **settings),
-              "adam": lambda p: torch.optim.Adam(p, **settings),
-              "adamw": lambda p: torch.optim.AdamW(p, **settings)}[optimizer](module.parameters())
+    native = {
+        "sgd": lambda p: torch.optim.SGD(p, **settings),
+        "momentum": lambda p: torch.optim.SGD(p, momentum=0.9, **settings),
+        "adam": lambda p: torch.optim.Adam(p, **settings),
+        "adamw": lambda p: torch.optim.AdamW(p, **settings),
+    }[optimizer](module.parameters())
     expected = torch_loop(torch, module, native, x, y)
     history = fit(model, (x, y), optimizer=optimizer, batch_size=8, shuffle=False, verbose=0, **settings)
     assert_trained_as(history, expected, model, module)
@@ -99,8 +109,7 @@ def test_resuming_a_checkpoint_gives_exactly_the_next_steps(backend, tmp_path):
 
     first = Trainer(models.build("mlp", backend=backend.name, seed=1, **SMALL_MLP), optimizer="adam", lr=0.01)
     first.fit((x, y), epochs=2, batch_size=8, seed=3, steps=13, verbose=0, checkpoint_dir=str(tmp_path))
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["model.safetensors", "optimizer.safetensors",
-                                                          "trainer.json"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model.safetensors", "optimizer.safetensors", "trainer.json"]
     fresh = Trainer(models.build("mlp", backend=backend.name, seed=7, **SMALL_MLP), optimizer="adam", lr=0.01)
     fresh.load(str(tmp_path))
     assert (fresh.epoch, fresh.batch, fresh.step_count) == (1, 3, 13)
@@ -122,8 +131,7 @@ def test_a_checkpoint_for_another_optimizer_is_refused(tmp_path):
 
 def test_history_reports_metrics_validation_and_input_wait():
     x, y = data()
-    history = fit(models.build("mlp", seed=1, **SMALL_MLP), (x, y), epochs=3, lr=0.05, validation=(x, y),
-                  verbose=0)
+    history = fit(models.build("mlp", seed=1, **SMALL_MLP), (x, y), epochs=3, lr=0.05, validation=(x, y), verbose=0)
     assert [e["epoch"] for e in history.epochs] == [1, 2, 3]
     assert set(history.epochs[0]) >= {"loss", "accuracy", "val_loss", "val_accuracy", "input_wait", "seconds"}
     assert all(0.0 <= e["input_wait"] <= 1.0 for e in history.epochs)
@@ -143,8 +151,15 @@ def test_mse_regression_trains():
     rng = np.random.default_rng(0)
     x = rng.normal(size=(64, 6)).astype("float32")
     target = (x @ rng.normal(size=(6, 3))).astype("float32")
-    history = fit(models.build("mlp", seed=1, **SMALL_MLP), (x, target), loss="mse", optimizer="adam", lr=0.01,
-                  epochs=20, verbose=0)
+    history = fit(
+        models.build("mlp", seed=1, **SMALL_MLP),
+        (x, target),
+        loss="mse",
+        optimizer="adam",
+        lr=0.01,
+        epochs=20,
+        verbose=0,
+    )
     assert "accuracy" not in history.epochs[0]
     assert history.last("loss") < 0.5 * history.epochs[0]["loss"]
 
@@ -161,7 +176,7 @@ def test_bad_settings_name_the_valid_choices():
 
 def test_one_shot_data_for_several_epochs_is_an_error():
     x, y = data()
-    batches = ((x[i:i + 8], y[i:i + 8]) for i in range(0, 80, 8))
+    batches = ((x[i : i + 8], y[i : i + 8]) for i in range(0, 80, 8))
     with pytest.raises(ConfigurationError, match="only once"):
         fit(models.build("mlp", seed=1, **SMALL_MLP), batches, epochs=2, verbose=0)
 
@@ -172,7 +187,8 @@ def test_fit_does_not_import_a_framework_it_was_not_asked_for(run_python):
         "from xdevice import models\n"
         "m = models.build('mlp', hidden=[4], inputs=3, classes=2)\n"
         "xdevice.fit(m, (np.ones((8, 3), 'float32'), np.zeros(8, 'int64')), verbose=0)\n"
-        "print(sorted(n for n in ('torch', 'jax', 'tensorflow') if n in sys.modules))\n")
+        "print(sorted(n for n in ('torch', 'jax', 'tensorflow') if n in sys.modules))\n"
+    )
     assert result.stdout.strip().splitlines()[-1] == "[]"
 
 
@@ -185,12 +201,21 @@ def test_history_plots_the_loss_curves_as_png(tmp_path):
     assert path.endswith("loss.png")
 
 
-@pytest.mark.parametrize("x, match", [
-    (np.ones((10, 5), np.float32), r"x does not have the shape of the model's input\. Expected float32\[rows, 784\]\. "
-                                   r"Received: 'float32\[10, 5\]'\. Fix: reshape x to \(rows, 784\)"),
-    (np.ones((10, 784), np.float64), r"x does not have the dtype of the model's input\. Expected float32\[rows, 784\]"
-                                     r"\. Received: 'float64\[10, 784\]'\. Fix: x\.astype\('float32'\)"),
-])
+@pytest.mark.parametrize(
+    "x, match",
+    [
+        (
+            np.ones((10, 5), np.float32),
+            r"x does not have the shape of the model's input\. Expected float32\[rows, 784\]\. "
+            r"Received: 'float32\[10, 5\]'\. Fix: reshape x to \(rows, 784\)",
+        ),
+        (
+            np.ones((10, 784), np.float64),
+            r"x does not have the dtype of the model's input\. Expected float32\[rows, 784\]"
+            r"\. Received: 'float64\[10, 784\]'\. Fix: x\.astype\('float32'\)",
+        ),
+    ],
+)
 def test_data_a_zoo_model_cannot_take_is_refused_before_any_step(backend, x, match):
     model = models.build("mlp", backend=backend.name, seed=0)
     before = model.numpy_params()
@@ -225,8 +250,9 @@ def test_gradient_clipping_does_what_torch_nn_utils_does(clip):
         if "clip_norm" in clip:
             clipped.append(torch.nn.utils.clip_grad_norm_(module.parameters(), clip["clip_norm"]) > clip["clip_norm"])
 
-    expected = torch_loop(torch, module, torch.optim.SGD(module.parameters(), lr=0.5), x, y,
-                          after_backward=clip_as_torch_does)
+    expected = torch_loop(
+        torch, module, torch.optim.SGD(module.parameters(), lr=0.5), x, y, after_backward=clip_as_torch_does
+    )
     assert "clip_norm" not in clip or sum(clipped) >= 5  # the limit really bites
     history = fit(model, (x, y), optimizer="sgd", lr=0.5, batch_size=8, shuffle=False, verbose=0, **clip)
     assert_trained_as(history, expected, model, module)
@@ -236,12 +262,28 @@ def test_clipping_gives_the_same_steps_on_every_backend(backend):
     x, y = data()
     runs = {}
     for name in ("numpy", backend.name):
-        history = fit(models.build("mlp", backend=name, seed=1, **SMALL_MLP), (x, y), optimizer="adam", lr=0.01,
-                      batch_size=8, shuffle=False, verbose=0, clip_norm=0.05, clip_value=0.01)
+        history = fit(
+            models.build("mlp", backend=name, seed=1, **SMALL_MLP),
+            (x, y),
+            optimizer="adam",
+            lr=0.01,
+            batch_size=8,
+            shuffle=False,
+            verbose=0,
+            clip_norm=0.05,
+            clip_value=0.01,
+        )
         runs[name] = history.steps
     np.testing.assert_allclose(runs[backend.name], runs["numpy"], rtol=1e-4, atol=1e-5)
-    unclipped = fit(models.build("mlp", backend="numpy", seed=1, **SMALL_MLP), (x, y), optimizer="adam", lr=0.01,
-                    batch_size=8, shuffle=False, verbose=0).steps
+    unclipped = fit(
+        models.build("mlp", backend="numpy", seed=1, **SMALL_MLP),
+        (x, y),
+        optimizer="adam",
+        lr=0.01,
+        batch_size=8,
+        shuffle=False,
+        verbose=0,
+    ).steps
     assert not np.allclose(unclipped, runs["numpy"])  # clipping changed the run
 
 
@@ -255,8 +297,11 @@ def test_epochs_is_a_total_and_asking_for_one_already_reached_says_so(tmp_path):
     trainer = Trainer(models.build("mlp", backend="numpy", seed=1, **SMALL_MLP), optimizer="sgd")
     trainer.fit((x, y), epochs=2, batch_size=8, verbose=0, checkpoint_dir=str(tmp_path))
     resumed = Trainer(models.build("mlp", backend="numpy", seed=1, **SMALL_MLP), optimizer="sgd").load(str(tmp_path))
-    with pytest.warns(UserWarning, match=r"already completed 2 epoch\(s\), and epochs=2 is the total.*"
-                                         r"fit\(data, epochs=4\) trains 2 more"):
+    with pytest.warns(
+        UserWarning,
+        match=r"already completed 2 epoch\(s\), and epochs=2 is the total.*"
+        r"fit\(data, epochs=4\) trains 2 more",
+    ):
         history = resumed.fit((x, y), epochs=2, batch_size=8, verbose=0)
     assert resumed.step_count == trainer.step_count and len(history.epochs) == 2
     resumed.fit((x, y), epochs=3, batch_size=8, verbose=0)

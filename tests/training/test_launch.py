@@ -41,8 +41,13 @@ def free_port() -> int:
 
 
 def launch(*flags: str, timeout: int = 300) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "xdevice", "launch", *flags], capture_output=True, text=True,
-                          env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "xdevice", "launch", *flags],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"},
+        timeout=timeout,
+    )
 
 
 def test_bad_flags_say_what_is_allowed(tmp_path):
@@ -56,8 +61,9 @@ def test_bad_flags_say_what_is_allowed(tmp_path):
         arguments(str(script), [], 2, nnodes="1:4")
     with pytest.raises(ConfigurationError, match="No training script at that path"):
         arguments(str(tmp_path / "missing.py"), [], 2)
-    elastic = arguments(str(script), ["--lr", "0.1"], 2, nnodes="1:4", master_addr="10.0.0.5", master_port=4000,
-                        max_restarts=3)
+    elastic = arguments(
+        str(script), ["--lr", "0.1"], 2, nnodes="1:4", master_addr="10.0.0.5", master_port=4000, max_restarts=3
+    )
     assert elastic[elastic.index("--rdzv-endpoint") + 1] == "10.0.0.5:4000"
     assert elastic[elastic.index("--nnodes") + 1] == "1:4" and elastic[elastic.index("--max-restarts") + 1] == "3"
     assert elastic[-3:] == [str(script), "--lr", "0.1"]
@@ -74,8 +80,9 @@ def test_launched_processes_train_exactly_as_one(tmp_path, framework, processes)
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
     launched = launch("--nproc-per-node", str(processes), str(script), str(tmp_path), framework)
     assert launched.returncode == 0, launched.stderr[-2000:]
-    alone = subprocess.run([sys.executable, str(script), str(tmp_path), framework], capture_output=True, text=True,
-                           env=env, timeout=300)
+    alone = subprocess.run(
+        [sys.executable, str(script), str(tmp_path), framework], capture_output=True, text=True, env=env, timeout=300
+    )
     assert alone.returncode == 0, alone.stderr[-2000:]
     one = json.loads((tmp_path / "rank0of1.json").read_text())
     assert len(one["steps"]) == 12
@@ -88,21 +95,26 @@ def test_launched_processes_train_exactly_as_one(tmp_path, framework, processes)
 
 def test_a_failing_process_stops_the_launch_with_its_exit_code(tmp_path):
     script = tmp_path / "fail.py"
-    script.write_text("import os, sys, time\n"
-                      "print('starting', flush=True)\n"
-                      "if os.environ['RANK'] == '1':\n    sys.exit(3)\n"
-                      "time.sleep(60)\n")
+    script.write_text(
+        "import os, sys, time\n"
+        "print('starting', flush=True)\n"
+        "if os.environ['RANK'] == '1':\n    sys.exit(3)\n"
+        "time.sleep(60)\n"
+    )
     launched = launch("--nproc-per-node", "2", str(script), timeout=120)
     assert launched.returncode == 3
     assert "rank 1 failed with exit code 3 (0 restart(s) allowed)" in launched.stderr
     assert {line for line in launched.stdout.splitlines()} == {"[rank0]: starting", "[rank1]: starting"}
 
 
-RESTARTED = textwrap.dedent("""
+RESTARTED = (
+    textwrap.dedent("""
     import os, sys
     if os.environ["TORCHELASTIC_RESTART_COUNT"] == "0" and os.environ["RANK"] == "1":
         sys.exit("rank 1 crashes on its first attempt")
-""") + SCRIPT
+""")
+    + SCRIPT
+)
 
 
 def test_a_worker_that_crashes_once_is_restarted_and_the_run_completes(tmp_path):
@@ -110,8 +122,17 @@ def test_a_worker_that_crashes_once_is_restarted_and_the_run_completes(tmp_path)
     then train as one process does; each rank's output is in its own log files."""
     script = tmp_path / "train.py"
     script.write_text(RESTARTED)
-    launched = launch("--nproc-per-node", "2", "--max-restarts", "1", "--log-dir", str(tmp_path / "logs"),
-                      str(script), str(tmp_path), "torch")
+    launched = launch(
+        "--nproc-per-node",
+        "2",
+        "--max-restarts",
+        "1",
+        "--log-dir",
+        str(tmp_path / "logs"),
+        str(script),
+        str(tmp_path),
+        "torch",
+    )
     assert launched.returncode == 0, launched.stderr[-2000:]
     assert "[rank1]: rank 1 crashes on its first attempt" in launched.stderr
     first, second = (json.loads((tmp_path / f"rank{rank}of2.json").read_text()) for rank in (0, 1))
@@ -126,16 +147,35 @@ def test_tensorflow_workers_on_two_nodes_learn_each_others_addresses(tmp_path):
     pytest.importorskip("tensorflow")
     script = tmp_path / "train.py"
     script.write_text(SCRIPT + "import os\nprint('workers', os.environ['TF_CONFIG'])\n")
-    flags = ("--nnodes", "2", "--nproc-per-node", "1", "--master-port", str(free_port()), "--rdzv-id", "two-nodes",
-             str(script), str(tmp_path), "tensorflow")
+    flags = (
+        "--nnodes",
+        "2",
+        "--nproc-per-node",
+        "1",
+        "--master-port",
+        str(free_port()),
+        "--rdzv-id",
+        "two-nodes",
+        str(script),
+        str(tmp_path),
+        "tensorflow",
+    )
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
-    other = subprocess.Popen([sys.executable, "-m", "xdevice", "launch", *flags], stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, text=True, env=env)
+    other = subprocess.Popen(
+        [sys.executable, "-m", "xdevice", "launch", *flags],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
     mine = launch(*flags)
     theirs = other.communicate(timeout=300)
     assert mine.returncode == 0 and other.returncode == 0, mine.stderr[-1500:] + theirs[1][-1500:]
-    configs = [json.loads(line.split("workers ", 1)[1]) for line in (mine.stdout + theirs[0]).splitlines()
-               if "workers " in line]
+    configs = [
+        json.loads(line.split("workers ", 1)[1])
+        for line in (mine.stdout + theirs[0]).splitlines()
+        if "workers " in line
+    ]
     assert sorted(c["task"]["index"] for c in configs) == [0, 1]
     assert all(len(set(c["cluster"]["worker"])) == 2 for c in configs)
     first, second = (json.loads((tmp_path / f"rank{rank}of2.json").read_text()) for rank in (0, 1))

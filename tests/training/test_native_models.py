@@ -17,14 +17,13 @@ def data(rows: int = 64):
 
 
 def batches(x, y, size=8):
-    return [(x[i:i + size], y[i:i + size]) for i in range(0, len(x), size)]
+    return [(x[i : i + size], y[i : i + size]) for i in range(0, len(x), size)]
 
 
 def batch_norm_net(torch):
     """A small torch network with batch norm, and an identical copy."""
     torch.manual_seed(0)
-    net = torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.BatchNorm1d(16), torch.nn.ReLU(),
-                              torch.nn.Linear(16, 2))
+    net = torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.BatchNorm1d(16), torch.nn.ReLU(), torch.nn.Linear(16, 2))
     return net, copy.deepcopy(net)
 
 
@@ -77,8 +76,10 @@ def test_a_jax_pair_with_nested_params_trains_as_a_jax_loop_would():
     import jax.numpy as jnp
 
     rng = np.random.default_rng(1)
-    params = {"hidden": {"w": jnp.asarray(rng.normal(size=(6, 16)).astype("float32") * 0.3), "b": jnp.zeros(16)},
-              "out": {"w": jnp.asarray(rng.normal(size=(16, 2)).astype("float32") * 0.3), "b": jnp.zeros(2)}}
+    params = {
+        "hidden": {"w": jnp.asarray(rng.normal(size=(6, 16)).astype("float32") * 0.3), "b": jnp.zeros(16)},
+        "out": {"w": jnp.asarray(rng.normal(size=(16, 2)).astype("float32") * 0.3), "b": jnp.zeros(2)},
+    }
 
     def apply(p, x):
         return jax.nn.relu(x @ p["hidden"]["w"] + p["hidden"]["b"]) @ p["out"]["w"] + p["out"]["b"]

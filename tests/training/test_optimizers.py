@@ -10,23 +10,33 @@ import xdevice
 from xdevice import compare
 from xdevice.training.optimizers import SGD, Adam, AdamW
 
-OPTIMIZERS = {"sgd": SGD(lr=0.1, weight_decay=0.01), "momentum": SGD(lr=0.1, momentum=0.9),
-              "nesterov": SGD(lr=0.1, momentum=0.9, nesterov=True), "adam": Adam(lr=0.01, weight_decay=0.01),
-              "adamw": AdamW(lr=0.01)}
+OPTIMIZERS = {
+    "sgd": SGD(lr=0.1, weight_decay=0.01),
+    "momentum": SGD(lr=0.1, momentum=0.9),
+    "nesterov": SGD(lr=0.1, momentum=0.9, nesterov=True),
+    "adam": Adam(lr=0.01, weight_decay=0.01),
+    "adamw": AdamW(lr=0.01),
+}
 
 
 def run(backend, optimizer, inplace: bool, steps: int = 5) -> dict[str, np.ndarray]:
     rng = np.random.default_rng(0)
     ops = backend.ops
-    params = {f"w{i}": ops.asarray(rng.normal(size=shape).astype(np.float32))
-              for i, shape in enumerate([(4, 3), (3,), (2, 2, 2)])}
-    grads = [{k: ops.asarray(rng.normal(size=ops.shape(v)).astype(np.float32)) for k, v in params.items()}
-             for _ in range(steps)]
+    params = {
+        f"w{i}": ops.asarray(rng.normal(size=shape).astype(np.float32))
+        for i, shape in enumerate([(4, 3), (3,), (2, 2, 2)])
+    }
+    grads = [
+        {k: ops.asarray(rng.normal(size=ops.shape(v)).astype(np.float32)) for k, v in params.items()}
+        for _ in range(steps)
+    ]
     state = optimizer.init(ops, params)
     for g in grads:
         params, state = optimizer.update(ops, params, g, state, inplace=inplace)
-    return {**{k: ops.to_numpy(v) for k, v in params.items()},
-            **{k: ops.to_numpy(v) for k, v in state.items() if k != "step"}}
+    return {
+        **{k: ops.to_numpy(v) for k, v in params.items()},
+        **{k: ops.to_numpy(v) for k, v in state.items() if k != "step"},
+    }
 
 
 @pytest.mark.parametrize("name", list(OPTIMIZERS))

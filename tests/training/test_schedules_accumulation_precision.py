@@ -36,16 +36,25 @@ def torch_rates(make_scheduler, steps: int = 40, lr: float = 0.1) -> list[float]
 SCHEDULES = {
     "step": (schedules.step_decay(0.1, step_size=7, gamma=0.5), lambda s, o: s.StepLR(o, step_size=7, gamma=0.5)),
     "exponential": (schedules.exponential(0.1, gamma=0.93), lambda s, o: s.ExponentialLR(o, gamma=0.93)),
-    "cosine": (schedules.cosine(0.1, total_steps=30, warmup_steps=6, start_factor=0.1, min_lr=1e-3),
-               lambda s, o: s.SequentialLR(o, [s.LinearLR(o, start_factor=0.1, total_iters=6),
-                                               s.CosineAnnealingLR(o, T_max=24, eta_min=1e-3)], milestones=[6])),
-    "cosine, no warmup": (schedules.cosine(0.1, total_steps=40),
-                          lambda s, o: s.CosineAnnealingLR(o, T_max=40)),
-    "one cycle": (schedules.one_cycle(0.1, total_steps=40),
-                  lambda s, o: s.OneCycleLR(o, max_lr=0.1, total_steps=40, cycle_momentum=False)),
-    "one cycle, linear": (schedules.one_cycle(0.1, total_steps=40, pct_start=0.25, anneal="linear"),
-                          lambda s, o: s.OneCycleLR(o, max_lr=0.1, total_steps=40, pct_start=0.25,
-                                                    anneal_strategy="linear", cycle_momentum=False)),
+    "cosine": (
+        schedules.cosine(0.1, total_steps=30, warmup_steps=6, start_factor=0.1, min_lr=1e-3),
+        lambda s, o: s.SequentialLR(
+            o,
+            [s.LinearLR(o, start_factor=0.1, total_iters=6), s.CosineAnnealingLR(o, T_max=24, eta_min=1e-3)],
+            milestones=[6],
+        ),
+    ),
+    "cosine, no warmup": (schedules.cosine(0.1, total_steps=40), lambda s, o: s.CosineAnnealingLR(o, T_max=40)),
+    "one cycle": (
+        schedules.one_cycle(0.1, total_steps=40),
+        lambda s, o: s.OneCycleLR(o, max_lr=0.1, total_steps=40, cycle_momentum=False),
+    ),
+    "one cycle, linear": (
+        schedules.one_cycle(0.1, total_steps=40, pct_start=0.25, anneal="linear"),
+        lambda s, o: s.OneCycleLR(
+            o, max_lr=0.1, total_steps=40, pct_start=0.25, anneal_strategy="linear", cycle_momentum=False
+        ),
+    ),
 }
 
 
@@ -65,8 +74,16 @@ def test_a_scheduled_run_matches_a_torch_loop_with_its_scheduler():
     native = torch.optim.SGD(module.parameters(), lr=0.5)
     scheduler = torch.optim.lr_scheduler.OneCycleLR(native, max_lr=0.5, total_steps=20, cycle_momentum=False)
     expected = torch_loop(torch, module, native, x, y, epochs=2, scheduler=scheduler)
-    history = fit(model, (x, y), optimizer="sgd", lr=schedules.one_cycle(0.5, total_steps=20), epochs=2,
-                  batch_size=8, shuffle=False, verbose=0)
+    history = fit(
+        model,
+        (x, y),
+        optimizer="sgd",
+        lr=schedules.one_cycle(0.5, total_steps=20),
+        epochs=2,
+        batch_size=8,
+        shuffle=False,
+        verbose=0,
+    )
     assert_trained_as(history, expected, model, module)
 
 
@@ -74,20 +91,35 @@ def test_a_schedule_gives_the_same_steps_on_every_backend(backend):
     x, y = data()
     runs = {}
     for name in ("numpy", backend.name):
-        runs[name] = fit(models.build("mlp", backend=name, seed=1, **MLP), (x, y), optimizer="adam",
-                         lr=schedules.cosine(0.05, total_steps=20, warmup_steps=4), epochs=2, batch_size=8,
-                         verbose=0)
+        runs[name] = fit(
+            models.build("mlp", backend=name, seed=1, **MLP),
+            (x, y),
+            optimizer="adam",
+            lr=schedules.cosine(0.05, total_steps=20, warmup_steps=4),
+            epochs=2,
+            batch_size=8,
+            verbose=0,
+        )
     np.testing.assert_allclose(runs[backend.name].steps, runs["numpy"].steps, rtol=1e-4, atol=1e-5)
-    assert runs["numpy"]["lr"] == pytest.approx([schedules.cosine(0.05, total_steps=20, warmup_steps=4)(t)
-                                                 for t in (9, 19)])  # each epoch's last rate
+    assert runs["numpy"]["lr"] == pytest.approx(
+        [schedules.cosine(0.05, total_steps=20, warmup_steps=4)(t) for t in (9, 19)]
+    )  # each epoch's last rate
 
 
 def test_any_callable_is_a_schedule():
     x, y = data()
-    stopped = fit(models.build("mlp", seed=1, **MLP), (x, y), optimizer="sgd", lr=lambda step: 0.1 if step < 4 else 0.0,
-                  epochs=1, batch_size=8, verbose=0)
-    four = fit(models.build("mlp", seed=1, **MLP), (x, y), optimizer="sgd", lr=0.1, epochs=1, steps=4, batch_size=8,
-               verbose=0)
+    stopped = fit(
+        models.build("mlp", seed=1, **MLP),
+        (x, y),
+        optimizer="sgd",
+        lr=lambda step: 0.1 if step < 4 else 0.0,
+        epochs=1,
+        batch_size=8,
+        verbose=0,
+    )
+    four = fit(
+        models.build("mlp", seed=1, **MLP), (x, y), optimizer="sgd", lr=0.1, epochs=1, steps=4, batch_size=8, verbose=0
+    )
     np.testing.assert_allclose(stopped.steps[:4], four.steps, rtol=1e-6)  # its rates drive the steps:
     for key, value in four.model.numpy_params().items():  # rate 0 from step 4 on leaves the weights
         np.testing.assert_allclose(stopped.model.numpy_params()[key], value, rtol=1e-6, err_msg=key)
@@ -105,8 +137,11 @@ def test_a_resumed_run_continues_its_schedule_exactly(backend, tmp_path):
     history = resumed.load(str(tmp_path)).fit((x, y), epochs=3, batch_size=8, verbose=0)
     np.testing.assert_allclose(history.steps, whole.history.steps, rtol=1e-5, atol=1e-6)
     assert history["lr"] == pytest.approx(whole.history["lr"])
-    other = Trainer(models.build("mlp", backend=backend.name, seed=1, **MLP), optimizer="adam",
-                    lr=schedules.one_cycle(0.05, total_steps=40))
+    other = Trainer(
+        models.build("mlp", backend=backend.name, seed=1, **MLP),
+        optimizer="adam",
+        lr=schedules.one_cycle(0.05, total_steps=40),
+    )
     with pytest.raises(ConfigurationError, match="another optimizer.*OneCycle"):
         other.load(str(tmp_path))
 
@@ -199,8 +234,16 @@ def float16_run(name: str, x, y, **options):
 def test_float16_trains_close_to_float32_with_float32_master_weights(backend):
     x, y = data()
     trainer, half = float16_run(backend.name, x, y)
-    full = fit(models.build("mlp", backend=backend.name, seed=1, **MLP), (x, y), optimizer="adam", lr=0.01,
-               epochs=2, batch_size=8, shuffle=False, verbose=0)
+    full = fit(
+        models.build("mlp", backend=backend.name, seed=1, **MLP),
+        (x, y),
+        optimizer="adam",
+        lr=0.01,
+        epochs=2,
+        batch_size=8,
+        shuffle=False,
+        verbose=0,
+    )
     assert {trainer.ops.dtype(v) for v in trainer.program.params.values()} == {"float32"}
     assert half.steps != full.steps  # float16 really ran: rounding shows in the loss
     np.testing.assert_allclose(half.steps, full.steps, rtol=2e-2, atol=2e-3)

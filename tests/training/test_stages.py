@@ -21,8 +21,10 @@ def data():
 
 def weights(seed: int = 0):
     rng = np.random.default_rng(seed)
-    return ({"w": (rng.normal(size=(6, 16)) * 0.3).astype("float32"), "b": np.zeros(16, "float32")},
-            {"w": (rng.normal(size=(16, 2)) * 0.3).astype("float32"), "b": np.zeros(2, "float32")})
+    return (
+        {"w": (rng.normal(size=(6, 16)) * 0.3).astype("float32"), "b": np.zeros(16, "float32")},
+        {"w": (rng.normal(size=(16, 2)) * 0.3).astype("float32"), "b": np.zeros(2, "float32")},
+    )
 
 
 def jax_stages():
@@ -87,8 +89,9 @@ def test_a_torch_sequential_is_cut_by_parameter_count_and_trains_as_itself():
     from xdevice.backends.torch.training import _balanced
 
     torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(6, 64), torch.nn.ReLU(), torch.nn.Linear(64, 16),
-                                torch.nn.ReLU(), torch.nn.Linear(16, 2))
+    model = torch.nn.Sequential(
+        torch.nn.Linear(6, 64), torch.nn.ReLU(), torch.nn.Linear(64, 16), torch.nn.ReLU(), torch.nn.Linear(16, 2)
+    )
     cut = _balanced(model, 2)
     assert [len(stage) for stage in cut] == [2, 3]  # 448 parameters, then 1040 + 34
     assert [len(stage) for stage in _balanced(model, 5)] == [1, 1, 1, 1, 1]

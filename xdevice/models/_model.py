@@ -28,8 +28,7 @@ _FORMAT = "xdevice.model/1"
 def definition(name: str):
     """The module that defines zoo model ``name`` (DEFAULTS, parameters, apply, example_input)."""
     if name not in NAMES:
-        raise ConfigurationError(message("Unknown model", expected="a zoo model name", received=name,
-                                         choices=NAMES))
+        raise ConfigurationError(message("Unknown model", expected="a zoo model name", received=name, choices=NAMES))
     return importlib.import_module(f"xdevice.models.{name}")
 
 
@@ -84,25 +83,32 @@ class Model:
 
     def to(self, backend: str | None = None, device: Any = None, dtype: str | None = None) -> Model:
         """The same weights as a model on another backend, device or float dtype."""
-        return _place(self.name, self.spec, self.numpy_params(), backend or self.backend,
-                      device if device is not None else (self.device if backend in (None, self.backend) else "cpu"),
-                      dtype)
+        return _place(
+            self.name,
+            self.spec,
+            self.numpy_params(),
+            backend or self.backend,
+            device if device is not None else (self.device if backend in (None, self.backend) else "cpu"),
+            dtype,
+        )
 
     def save(self, path: str | os.PathLike) -> None:
         """Write safetensors: every array, plus the name and spec as JSON metadata."""
         from safetensors.numpy import save_file
 
         header = json.dumps({"format": _FORMAT, "model": self.name, "spec": self.spec})
-        save_file({k: v.astype("float32") for k, v in self.numpy_params().items()}, str(path),
-                  metadata={"xdevice": header})
+        save_file(
+            {k: v.astype("float32") for k, v in self.numpy_params().items()}, str(path), metadata={"xdevice": header}
+        )
 
     def __repr__(self) -> str:
         count = sum(int(__import__("math").prod(self.ops.shape(self.params[k]))) for k in self.trainable)
         return f"<xdevice model {self.name!r}: {count:,} parameters on {self.backend} {self.device}>"
 
 
-def build(name: str, backend: str = "numpy", device: Any = "cpu", seed: int = 0,
-          dtype: str = "float32", **spec: Any) -> Model:
+def build(
+    name: str, backend: str = "numpy", device: Any = "cpu", seed: int = 0, dtype: str = "float32", **spec: Any
+) -> Model:
     """A zoo model with weights drawn from ``seed``, on ``backend`` and ``device``.
 
     The same name, spec and seed give the same weights on every backend.
@@ -121,8 +127,9 @@ def build(name: str, backend: str = "numpy", device: Any = "cpu", seed: int = 0,
     module = definition(name)
     unknown = sorted(set(spec) - set(module.DEFAULTS))
     if unknown:
-        raise ConfigurationError(message(f"Unknown hyper-parameter for {name!r}", received=unknown[0],
-                                         choices=sorted(module.DEFAULTS)))
+        raise ConfigurationError(
+            message(f"Unknown hyper-parameter for {name!r}", received=unknown[0], choices=sorted(module.DEFAULTS))
+        )
     full = {**module.DEFAULTS, **spec}
     from xdevice.models._init import initialise
 
@@ -143,14 +150,19 @@ def load(path: str | os.PathLike, backend: str = "numpy", device: Any = "cpu", d
             header = json.loads((handle.metadata() or {}).get("xdevice", "null"))
         arrays = load_file(str(path))
     except (OSError, ValueError, Exception) as error:  # safetensors raises its own error types
-        raise ConversionError(message("Cannot read the model file", received=f"{path}: {error}",
-                                      fix="check the path; files come from Model.save")) from error
+        raise ConversionError(
+            message(
+                "Cannot read the model file",
+                received=f"{path}: {error}",
+                fix="check the path; files come from Model.save",
+            )
+        ) from error
     if not header or header.get("format") != _FORMAT:
-        raise ConversionError(message("Not an xdevice model file", expected=f"metadata format {_FORMAT!r}",
-                                      received=str(path)))
+        raise ConversionError(
+            message("Not an xdevice model file", expected=f"metadata format {_FORMAT!r}", received=str(path))
+        )
     expected = definition(header["model"]).parameters(header["spec"])
-    wrong = sorted(set(expected) ^ set(arrays)) or \
-        [k for k, p in expected.items() if tuple(arrays[k].shape) != p.shape]
+    wrong = sorted(set(expected) ^ set(arrays)) or [k for k, p in expected.items() if tuple(arrays[k].shape) != p.shape]
     if wrong:
         raise ConversionError(message("The weights do not match the model's spec", received=wrong[:5]))
     return _place(header["model"], header["spec"], arrays, backend, device, dtype)

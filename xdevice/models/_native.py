@@ -35,8 +35,9 @@ def to_native(model: Model, backend: str | None = None) -> Any:
     name = backend or model.backend
     placed = model if name == model.backend else model.to(name)
     target = _registry.backend(name)
-    module = target.to_native(placed.name, placed.spec, native_forward(placed.apply, target.ops),
-                              placed.params, placed.trainable)
+    module = target.to_native(
+        placed.name, placed.spec, native_forward(placed.apply, target.ops), placed.params, placed.trainable
+    )
     if module is not None:
         return module
     return Functional(name, placed.name, placed.spec, placed.apply, target.ops), dict(placed.params)
@@ -52,15 +53,24 @@ def from_native(native: Any) -> Model:
         apply_fn, params = native
         backend = _registry.backend(apply_fn.backend)
         arrays = {key: backend.ops.to_numpy(value) for key, value in params.items()}
-        return _place(apply_fn.model_name, apply_fn.spec, arrays, backend.name,
-                      backend.device_of(next(iter(params.values()))), None)
+        return _place(
+            apply_fn.model_name,
+            apply_fn.spec,
+            arrays,
+            backend.name,
+            backend.device_of(next(iter(params.values()))),
+            None,
+        )
     found = _registry.owner(native)
     made = found[0].from_native(native) if found is not None and found[1] == "model" else None
     if made is None:
-        raise ConversionError(message(
-            "Not a model made by xdevice.models.to_native",
-            expected="a module or (apply_fn, params) pair from to_native",
-            received=type(native).__qualname__,
-            fix="wrap your weights with xdevice.models.build(...) and to_native(...) first"))
+        raise ConversionError(
+            message(
+                "Not a model made by xdevice.models.to_native",
+                expected="a module or (apply_fn, params) pair from to_native",
+                received=type(native).__qualname__,
+                fix="wrap your weights with xdevice.models.build(...) and to_native(...) first",
+            )
+        )
     name, spec, arrays, device = made
     return _place(name, spec, arrays, found[0].name, device, None)

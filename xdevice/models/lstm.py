@@ -32,5 +32,3 @@ def apply(ops, params, x, spec, train=False):
 
 def example_input(spec: dict, batch: int, rng: np.random.Generator) -> np.ndarray:
     return rng.integers(0, spec["vocab"], size=(batch, spec["length"])).astype(np.int32)
-
-

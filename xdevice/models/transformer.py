@@ -9,14 +9,15 @@ import numpy as np
 
 from xdevice.models._init import Param, dense, norm
 
-DEFAULTS = {"vocab": 1000, "length": 32, "width": 64, "heads": 4, "mlp": 128, "blocks": 2, "classes": 10,
-            "eps": 1e-5}
+DEFAULTS = {"vocab": 1000, "length": 32, "width": 64, "heads": 4, "mlp": 128, "blocks": 2, "classes": 10, "eps": 1e-5}
 
 
 def parameters(spec: dict) -> dict[str, Param]:
     d = spec["width"]
-    table = {"tokens.weight": Param((spec["vocab"], d), "normal"),
-             "positions.weight": Param((spec["length"], d), "normal")}
+    table = {
+        "tokens.weight": Param((spec["vocab"], d), "normal"),
+        "positions.weight": Param((spec["length"], d), "normal"),
+    }
     for i in range(spec["blocks"]):
         b = f"block{i}"
         table.update(norm(f"{b}.norm1", d))
@@ -34,15 +35,16 @@ def apply(ops, params, x, spec, train=False):
     t = ops.shape(x)[1]  # the batch stays -1 in reshapes: it may only be known at run time
     d, heads, eps = spec["width"], spec["heads"], spec["eps"]
     keep = ops.not_equal(x, 0)  # (N, T): real tokens
-    h = ops.add(ops.take(params["tokens.weight"], x, axis=0),
-                ops.slice(params["positions.weight"], [0], [t], axes=[0]))
+    h = ops.add(ops.take(params["tokens.weight"], x, axis=0), ops.slice(params["positions.weight"], [0], [t], axes=[0]))
     mask = ops.reshape(keep, (-1, 1, 1, t))
     for i in range(spec["blocks"]):
         b = f"block{i}"
         y = ops.layer_norm(h, params[f"{b}.norm1.scale"], params[f"{b}.norm1.offset"], eps=eps)
         qkv = ops.linear(y, params[f"{b}.attn.qkv.weight"], params[f"{b}.attn.qkv.bias"])
-        q, k, v = (ops.transpose(ops.reshape(part, (-1, t, heads, d // heads)), (0, 2, 1, 3))
-                   for part in ops.split(qkv, 3, axis=-1))
+        q, k, v = (
+            ops.transpose(ops.reshape(part, (-1, t, heads, d // heads)), (0, 2, 1, 3))
+            for part in ops.split(qkv, 3, axis=-1)
+        )
         attended = ops.reshape(ops.transpose(ops.attention(q, k, v, mask), (0, 2, 1, 3)), (-1, t, d))
         h = ops.add(h, ops.linear(attended, params[f"{b}.attn.out.weight"], params[f"{b}.attn.out.bias"]))
         y = ops.layer_norm(h, params[f"{b}.norm2.scale"], params[f"{b}.norm2.offset"], eps=eps)

@@ -18,8 +18,15 @@ from typing import Any
 
 __all__ = ["ModelConfig", "Repository", "Server", "ServerProcess", "Session", "TensorSpec", "serve"]
 
-_HOMES = {"Session": "session", "TensorSpec": "session", "Repository": "repository",
-          "ModelConfig": "config", "Server": "server", "ServerProcess": "server", "serve": "server"}
+_HOMES = {
+    "Session": "session",
+    "TensorSpec": "session",
+    "Repository": "repository",
+    "ModelConfig": "config",
+    "Server": "server",
+    "ServerProcess": "server",
+    "serve": "server",
+}
 
 
 def __getattr__(name: str) -> Any:

@@ -48,9 +48,20 @@ class Batcher:
     while another runs; ``run`` executes in ``executor``, off the event loop.
     """
 
-    def __init__(self, run: Callable[[Arrays], Arrays], *, max_batch_size: int, max_queue_delay: float,
-                 executor: Any, stats: Stats, instances: int = 1, preferred: tuple[int, ...] = (),
-                 timeout: float = 0.0, reject_late: bool = True, max_queue_size: int = 0):
+    def __init__(
+        self,
+        run: Callable[[Arrays], Arrays],
+        *,
+        max_batch_size: int,
+        max_queue_delay: float,
+        executor: Any,
+        stats: Stats,
+        instances: int = 1,
+        preferred: tuple[int, ...] = (),
+        timeout: float = 0.0,
+        reject_late: bool = True,
+        max_queue_size: int = 0,
+    ):
         self.run, self.max_batch_size, self.delay = run, max_batch_size, max_queue_delay
         self.preferred = set(preferred)
         self.executor, self.stats, self.instances = executor, stats, instances
@@ -68,9 +79,15 @@ class Batcher:
             self.wakeup, self.gathering = asyncio.Event(), asyncio.Lock()
             self.workers = [loop.create_task(self._work()) for _ in range(self.instances)]
         if self.max_queue_size and len(self.queue) >= self.max_queue_size:
-            raise BadRequest(message("The model's queue is full", expected=f"at most {self.max_queue_size} "
-                                     "requests waiting (max_queue_size)", received=len(self.queue),
-                                     fix="send again shortly"), status=503)
+            raise BadRequest(
+                message(
+                    "The model's queue is full",
+                    expected=f"at most {self.max_queue_size} requests waiting (max_queue_size)",
+                    received=len(self.queue),
+                    fix="send again shortly",
+                ),
+                status=503,
+            )
         key = tuple(sorted((name, x.dtype.str, x.shape[1:]) for name, x in inputs.items()))
         rows = next(iter(inputs.values())).shape[0]
         now = time.perf_counter()
@@ -91,9 +108,12 @@ class Batcher:
             item = self.queue.popleft()
             self.stats.waiting(-1)
             if not item.done.done():
-                item.done.set_exception(InferenceError(
-                    "The model was unloaded while this request waited in its queue. Fix: send it again "
-                    "once the model is loaded (GET /v2/models/<name>/ready)."))
+                item.done.set_exception(
+                    InferenceError(
+                        "The model was unloaded while this request waited in its queue. Fix: send it again "
+                        "once the model is loaded (GET /v2/models/<name>/ready)."
+                    )
+                )
 
     async def _work(self) -> None:
         loop = asyncio.get_running_loop()
@@ -110,8 +130,12 @@ class Batcher:
                 self.stats.waiting(-1)
                 self.stats.queued(start - item.arrived)
             try:
-                merged = {name: np.concatenate([item.inputs[name] for item in batch]) if len(batch) > 1
-                          else batch[0].inputs[name] for name in batch[0].inputs}
+                merged = {
+                    name: np.concatenate([item.inputs[name] for item in batch])
+                    if len(batch) > 1
+                    else batch[0].inputs[name]
+                    for name in batch[0].inputs
+                }
                 running = loop.run_in_executor(self.executor, self.run, merged)
                 try:
                     outputs = await asyncio.shield(running)
@@ -157,9 +181,16 @@ class Batcher:
             self.queue.remove(item)
             self.stats.waiting(-1)
             if not item.done.done():
-                item.done.set_exception(BadRequest(message(
-                    "The request waited in the queue past its timeout", received=f"{now - item.arrived:.3f} s",
-                    fix="send it again, or raise default_timeout_microseconds"), status=503))
+                item.done.set_exception(
+                    BadRequest(
+                        message(
+                            "The request waited in the queue past its timeout",
+                            received=f"{now - item.arrived:.3f} s",
+                            fix="send it again, or raise default_timeout_microseconds",
+                        ),
+                        status=503,
+                    )
+                )
 
 
 def _split(batch: list[_Pending], outputs: Arrays) -> None:
@@ -171,11 +202,14 @@ def _split(batch: list[_Pending], outputs: Arrays) -> None:
     for item in batch:
         stop = start + item.rows
         if not item.done.done():
-            item.done.set_result({name: value[start:stop] if len(batch) > 1 else value
-                                  for name, value in outputs.items()})
+            item.done.set_result(
+                {name: value[start:stop] if len(batch) > 1 else value for name, value in outputs.items()}
+            )
         start = stop
 
 
 def _not_batchable(name: str, shape: tuple, rows: int) -> str:
-    return (f"Output {name!r} has shape {list(shape)}, not {rows} rows first: this model cannot be "
-            f"batched dynamically. Fix: remove `dynamic_batching` from its config.pbtxt.")
+    return (
+        f"Output {name!r} has shape {list(shape)}, not {rows} rows first: this model cannot be "
+        f"batched dynamically. Fix: remove `dynamic_batching` from its config.pbtxt."
+    )

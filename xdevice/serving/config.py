@@ -32,19 +32,38 @@ from xdevice._errors import ConfigurationError, message
 __all__ = ["ModelConfig", "TensorConfig", "Warmup", "read_config", "TRITON_TYPES"]
 
 #: Triton's TYPE_* -> numpy dtype name ("string" for TYPE_STRING)
-TRITON_TYPES = {"TYPE_BOOL": "bool", "TYPE_UINT8": "uint8", "TYPE_UINT16": "uint16", "TYPE_UINT32": "uint32",
-                "TYPE_UINT64": "uint64", "TYPE_INT8": "int8", "TYPE_INT16": "int16", "TYPE_INT32": "int32",
-                "TYPE_INT64": "int64", "TYPE_FP16": "float16", "TYPE_FP32": "float32", "TYPE_FP64": "float64",
-                "TYPE_STRING": "string", "TYPE_BF16": "bfloat16"}
+TRITON_TYPES = {
+    "TYPE_BOOL": "bool",
+    "TYPE_UINT8": "uint8",
+    "TYPE_UINT16": "uint16",
+    "TYPE_UINT32": "uint32",
+    "TYPE_UINT64": "uint64",
+    "TYPE_INT8": "int8",
+    "TYPE_INT16": "int16",
+    "TYPE_INT32": "int32",
+    "TYPE_INT64": "int64",
+    "TYPE_FP16": "float16",
+    "TYPE_FP32": "float32",
+    "TYPE_FP64": "float64",
+    "TYPE_STRING": "string",
+    "TYPE_BF16": "bfloat16",
+}
 _OURS = {"platform": "onnxruntime_onnx", "backend": "onnxruntime", "default_model_filename": "model.onnx"}
 #: fields whose presence asks for something xdevice does not do: field -> what it is
 _REFUSED = {
-    "sequence_batching": "stateful sequence models", "ensemble_scheduling": "ensembles",
-    "batch_input": "batch inputs", "batch_output": "batch outputs", "runtime": "a custom runtime",
-    "cc_model_filenames": "per-GPU model files", "metric_tags": "custom metric labels",
-    "parameters": "backend parameters", "optimization": "ONNX Runtime tuning (it runs with its defaults)",
-    "model_operations": "model operations", "model_transaction_policy": "decoupled models",
-    "model_repository_agents": "repository agents", "response_cache": "the response cache",
+    "sequence_batching": "stateful sequence models",
+    "ensemble_scheduling": "ensembles",
+    "batch_input": "batch inputs",
+    "batch_output": "batch outputs",
+    "runtime": "a custom runtime",
+    "cc_model_filenames": "per-GPU model files",
+    "metric_tags": "custom metric labels",
+    "parameters": "backend parameters",
+    "optimization": "ONNX Runtime tuning (it runs with its defaults)",
+    "model_operations": "model operations",
+    "model_transaction_policy": "decoupled models",
+    "model_repository_agents": "repository agents",
+    "response_cache": "the response cache",
     "model_metrics": "custom metrics",
 }
 
@@ -99,7 +118,7 @@ class ModelConfig:
             return list(versions)
         if kind == "specific":
             return [v for v in versions if v in self.version_policy[1]]
-        return list(versions)[-self.version_policy[1]:]
+        return list(versions)[-self.version_policy[1] :]
 
 
 def read_config(model_dir: Path | str) -> ModelConfig:
@@ -138,10 +157,12 @@ def _parse_error(source: Path, text: str) -> ConfigurationError:
 
         fields = [f.name for f in descriptor_pool.Default().FindMessageTypeByName(unknown[1]).fields]
         block = unknown[1].split(".")[-1]
-        return ConfigurationError(message(f"{source}{line}: unknown field {unknown[2]!r} in {block}",
-                                          received=unknown[2], choices=fields))
-    return ConfigurationError(message(f"{source}{line}: {what.rstrip('.')}",
-                                      expected="Triton's model configuration (protobuf text format)"))
+        return ConfigurationError(
+            message(f"{source}{line}: unknown field {unknown[2]!r} in {block}", received=unknown[2], choices=fields)
+        )
+    return ConfigurationError(
+        message(f"{source}{line}: {what.rstrip('.')}", expected="Triton's model configuration (protobuf text format)")
+    )
 
 
 def _read(proto: Any, model_dir: Path, source: str, text: str) -> ModelConfig:
@@ -154,8 +175,7 @@ def _read(proto: Any, model_dir: Path, source: str, text: str) -> ModelConfig:
             raise refuse(field, f"{field!r} ({what}) is not supported by xdevice serve", fix=f"remove {field!r}")
     name = proto.name or model_dir.name
     if name != model_dir.name:
-        raise refuse("name", "the model name must match its folder name", expected=repr(model_dir.name),
-                     received=name)
+        raise refuse("name", "the model name must match its folder name", expected=repr(model_dir.name), received=name)
     for field, ours in _OURS.items():
         value = getattr(proto, field)
         if value not in ("", ours):
@@ -175,22 +195,36 @@ def _read(proto: Any, model_dir: Path, source: str, text: str) -> ModelConfig:
 
 def _batching(config: ModelConfig, batching: Any, refuse) -> None:
     if config.max_batch_size == 0:
-        raise refuse("dynamic_batching", "dynamic_batching needs max_batch_size > 0", received=0,
-                     fix="set max_batch_size, or remove dynamic_batching")
+        raise refuse(
+            "dynamic_batching",
+            "dynamic_batching needs max_batch_size > 0",
+            received=0,
+            fix="set max_batch_size, or remove dynamic_batching",
+        )
     priorities = [f.name for f, _ in batching.ListFields() if "priority" in f.name]
     if priorities:
-        raise refuse(priorities[0], "priority levels are not supported by xdevice serve",
-                     fix="remove priority_levels, default_priority_level and priority_queue_policy")
+        raise refuse(
+            priorities[0],
+            "priority levels are not supported by xdevice serve",
+            fix="remove priority_levels, default_priority_level and priority_queue_policy",
+        )
     if batching.preserve_ordering:
-        raise refuse("preserve_ordering", "preserve_ordering is not supported: responses go back as "
-                     "their batches finish", fix="remove preserve_ordering")
+        raise refuse(
+            "preserve_ordering",
+            "preserve_ordering is not supported: responses go back as their batches finish",
+            fix="remove preserve_ordering",
+        )
     config.dynamic_batching = True
     config.max_queue_delay_us = batching.max_queue_delay_microseconds
     config.preferred_batch_size = tuple(batching.preferred_batch_size)
     too_big = [b for b in config.preferred_batch_size if not 0 < b <= config.max_batch_size]
     if too_big:
-        raise refuse("preferred_batch_size", "preferred_batch_size out of range",
-                     expected=f"sizes from 1 to max_batch_size={config.max_batch_size}", received=too_big)
+        raise refuse(
+            "preferred_batch_size",
+            "preferred_batch_size out of range",
+            expected=f"sizes from 1 to max_batch_size={config.max_batch_size}",
+            received=too_big,
+        )
     if batching.HasField("default_queue_policy"):
         policy = batching.default_queue_policy
         config.queue_timeout_us = policy.default_timeout_microseconds
@@ -204,16 +238,20 @@ def _instances(config: ModelConfig, groups: Any, refuse) -> None:
     for group in groups:
         for field in ("rate_limiter", "secondary_devices", "profile", "passive", "host_policy"):
             if group.HasField(field) if field == "rate_limiter" else getattr(group, field):
-                raise refuse(field, f"instance_group {field} is not supported by xdevice serve",
-                             fix=f"remove {field}")
+                raise refuse(field, f"instance_group {field} is not supported by xdevice serve", fix=f"remove {field}")
         kind = group.Kind.Name(group.kind)
         if kind not in ("KIND_AUTO", "KIND_CPU", "KIND_GPU"):
-            raise refuse("kind", "unsupported instance_group kind", received=kind,
-                         choices=["KIND_AUTO", "KIND_CPU", "KIND_GPU"])
+            raise refuse(
+                "kind", "unsupported instance_group kind", received=kind, choices=["KIND_AUTO", "KIND_CPU", "KIND_GPU"]
+            )
         gpus = list(group.gpus) or [0]
         if kind == "KIND_GPU" and len(gpus) > 1:
-            raise refuse("gpus", "one GPU per model: instance_group lists several", received=gpus,
-                         fix="list one GPU, or serve the model once per GPU from separate servers")
+            raise refuse(
+                "gpus",
+                "one GPU per model: instance_group lists several",
+                received=gpus,
+                fix="list one GPU, or serve the model once per GPU from separate servers",
+            )
         devices.add(f"gpu:{gpus[0]}" if kind == "KIND_GPU" else "cpu")
         count += group.count or 1
     if len(devices) > 1:
@@ -239,14 +277,20 @@ def _tensor(tensor: Any, role: str, refuse) -> TensorConfig:
 
     for field in ("reshape", "is_shape_tensor", "allow_ragged_batch", "label_filename", "is_non_linear_format_io"):
         if field in {f.name for f, _ in tensor.ListFields()}:
-            raise refuse(field, f"{role} {tensor.name!r}: {field} is not supported by xdevice serve",
-                         fix=f"remove {field}")
+            raise refuse(
+                field, f"{role} {tensor.name!r}: {field} is not supported by xdevice serve", fix=f"remove {field}"
+            )
     type_name = model_config_pb2.DataType.Name(tensor.data_type)
     if type_name not in TRITON_TYPES:
-        raise refuse(tensor.name, f"{role} {tensor.name!r} has an unsupported data_type", received=type_name,
-                     choices=list(TRITON_TYPES))
-    return TensorConfig(tensor.name, TRITON_TYPES[type_name], tuple(tensor.dims),
-                        bool(getattr(tensor, "optional", False)))
+        raise refuse(
+            tensor.name,
+            f"{role} {tensor.name!r} has an unsupported data_type",
+            received=type_name,
+            choices=list(TRITON_TYPES),
+        )
+    return TensorConfig(
+        tensor.name, TRITON_TYPES[type_name], tuple(tensor.dims), bool(getattr(tensor, "optional", False))
+    )
 
 
 def _warmup(sample: Any, model_dir: Path, refuse) -> Warmup:
@@ -256,20 +300,25 @@ def _warmup(sample: Any, model_dir: Path, refuse) -> Warmup:
     for name, spec in sample.inputs.items():
         how = spec.WhichOneof("input_data_type")
         if how is None:
-            raise refuse("model_warmup", f"warm-up {sample.name!r}: input {name!r} says no data",
-                         expected="zero_data, random_data or input_data_file")
+            raise refuse(
+                "model_warmup",
+                f"warm-up {sample.name!r}: input {name!r} says no data",
+                expected="zero_data, random_data or input_data_file",
+            )
         file = None
         if how == "input_data_file":
             folder = (model_dir / "warmup").resolve()
             file = (folder / spec.input_data_file).resolve()
             if folder not in file.parents or not file.is_file():
-                raise refuse("input_data_file", f"warm-up {sample.name!r}: no file {spec.input_data_file!r} "
-                             f"inside {folder}", fix="put the raw input bytes in <model>/warmup/")
+                raise refuse(
+                    "input_data_file",
+                    f"warm-up {sample.name!r}: no file {spec.input_data_file!r} inside {folder}",
+                    fix="put the raw input bytes in <model>/warmup/",
+                )
         dtype = TRITON_TYPES.get(model_config_pb2.DataType.Name(spec.data_type))
         if dtype is None:
             raise refuse("model_warmup", f"warm-up {sample.name!r}: input {name!r} has an unsupported data_type")
-        inputs[name] = (dtype, tuple(spec.dims), {"zero_data": "zero", "random_data": "random"}.get(how, "file"),
-                        file)
+        inputs[name] = (dtype, tuple(spec.dims), {"zero_data": "zero", "random_data": "random"}.get(how, "file"), file)
     return Warmup(sample.name, sample.batch_size, sample.count or 1, inputs)
 
 
@@ -279,4 +328,3 @@ def _line(text: str, field: str) -> str:
         if re.search(rf"\b{re.escape(field)}\b", line.split("#", 1)[0]):
             return f", line {number}"
     return ""
-

@@ -24,16 +24,26 @@ _METRICS = {
     "nv_inference_request_failure": ("Failed inference requests", lambda s: s.count["fail"]),
     "nv_inference_count": ("Inferences performed (a batch of n rows counts n)", lambda s: s.inference_count),
     "nv_inference_exec_count": ("Model executions (batches) performed", lambda s: s.execution_count),
-    "nv_inference_request_duration_us": ("Cumulative end-to-end request time, microseconds",
-                                         lambda s: (s.ns["success"] + s.ns["fail"]) / 1e3),
-    "nv_inference_queue_duration_us": ("Cumulative time requests waited in the queue, microseconds",
-                                       lambda s: s.ns["queue"] / 1e3),
-    "nv_inference_compute_input_duration_us": ("Cumulative time preparing inputs, microseconds",
-                                               lambda s: s.ns["compute_input"] / 1e3),
-    "nv_inference_compute_infer_duration_us": ("Cumulative model execution time, microseconds",
-                                               lambda s: s.ns["compute_infer"] / 1e3),
-    "nv_inference_compute_output_duration_us": ("Cumulative time preparing outputs, microseconds",
-                                                lambda s: s.ns["compute_output"] / 1e3),
+    "nv_inference_request_duration_us": (
+        "Cumulative end-to-end request time, microseconds",
+        lambda s: (s.ns["success"] + s.ns["fail"]) / 1e3,
+    ),
+    "nv_inference_queue_duration_us": (
+        "Cumulative time requests waited in the queue, microseconds",
+        lambda s: s.ns["queue"] / 1e3,
+    ),
+    "nv_inference_compute_input_duration_us": (
+        "Cumulative time preparing inputs, microseconds",
+        lambda s: s.ns["compute_input"] / 1e3,
+    ),
+    "nv_inference_compute_infer_duration_us": (
+        "Cumulative model execution time, microseconds",
+        lambda s: s.ns["compute_infer"] / 1e3,
+    ),
+    "nv_inference_compute_output_duration_us": (
+        "Cumulative time preparing outputs, microseconds",
+        lambda s: s.ns["compute_output"] / 1e3,
+    ),
     "nv_inference_pending_request_count": ("Requests waiting in the queue", lambda s: s.pending),
 }
 _PHASES = ("success", "fail", "queue", "compute_input", "compute_infer", "compute_output")
@@ -90,13 +100,17 @@ class Stats:
         """Triton's statistics for this version, as the HTTP extension returns them."""
         with self.lock:
             return {
-                "name": name, "version": version, "last_inference": self.last_inference,
-                "inference_count": self.inference_count, "execution_count": self.execution_count,
+                "name": name,
+                "version": version,
+                "last_inference": self.last_inference,
+                "inference_count": self.inference_count,
+                "execution_count": self.execution_count,
                 "inference_stats": {phase: {"count": self.count[phase], "ns": self.ns[phase]} for phase in _PHASES}
                 | {"cache_hit": {"count": 0, "ns": 0}, "cache_miss": {"count": 0, "ns": 0}},
-                "batch_stats": [{"batch_size": size, **{phase: {"count": c, "ns": ns} for phase, (c, ns) in
-                                                        phases.items()}}
-                                for size, phases in sorted(self.batches.items())],
+                "batch_stats": [
+                    {"batch_size": size, **{phase: {"count": c, "ns": ns} for phase, (c, ns) in phases.items()}}
+                    for size, phases in sorted(self.batches.items())
+                ],
                 "memory_usage": [],
             }
 

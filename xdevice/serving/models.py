@@ -67,10 +67,13 @@ class Models:
             config = self.repository.config(name)
             versions = self.repository.served(name)
             if not versions:
-                raise ModelNotFound(message(
-                    f"Model {name!r} has no version to serve",
-                    expected="a folder <model>/<number>/model.onnx allowed by version_policy",
-                    received=f"versions on disk: {self.repository.versions(name)}"))
+                raise ModelNotFound(
+                    message(
+                        f"Model {name!r} has no version to serve",
+                        expected="a folder <model>/<number>/model.onnx allowed by version_policy",
+                        received=f"versions on disk: {self.repository.versions(name)}",
+                    )
+                )
             ready = [self._version(name, str(v), config) for v in versions]
         except XDeviceError as error:
             with self.lock:
@@ -80,8 +83,13 @@ class Models:
         with self.lock:
             self.loaded[name] = {m.version: m for m in ready}
             self.failed.pop(name, None)
-        logger.info("model %r ready: version%s %s on %s", name, "s" * (len(ready) > 1),
-                    ", ".join(m.version for m in ready), config.device)
+        logger.info(
+            "model %r ready: version%s %s on %s",
+            name,
+            "s" * (len(ready) > 1),
+            ", ".join(m.version for m in ready),
+            config.device,
+        )
         return ready
 
     def _version(self, name: str, version: str, config: ModelConfig) -> Loaded:
@@ -91,15 +99,23 @@ class Models:
         for sample in config.warmup:
             _warm(name, config, session, sample)
         stats = self.registry.of(name, version)
-        instances = concurrent.futures.ThreadPoolExecutor(config.instance_count,
-                                                          thread_name_prefix=f"xdevice-{name}-{version}")
+        instances = concurrent.futures.ThreadPoolExecutor(
+            config.instance_count, thread_name_prefix=f"xdevice-{name}-{version}"
+        )
         batcher = None
         if config.dynamic_batching:
-            batcher = Batcher(session.run, max_batch_size=config.max_batch_size,
-                              max_queue_delay=config.max_queue_delay_us / 1e6, executor=instances, stats=stats,
-                              instances=config.instance_count, preferred=config.preferred_batch_size,
-                              timeout=config.queue_timeout_us / 1e6, reject_late=config.timeout_action == "REJECT",
-                              max_queue_size=config.max_queue_size)
+            batcher = Batcher(
+                session.run,
+                max_batch_size=config.max_batch_size,
+                max_queue_delay=config.max_queue_delay_us / 1e6,
+                executor=instances,
+                stats=stats,
+                instances=config.instance_count,
+                preferred=config.preferred_batch_size,
+                timeout=config.queue_timeout_us / 1e6,
+                reject_late=config.timeout_action == "REJECT",
+                max_queue_size=config.max_queue_size,
+            )
         return Loaded(name, version, session, config, stats, batcher, instances)
 
     def unload(self, name: str) -> list[Loaded]:
@@ -116,15 +132,24 @@ class Models:
             known = self.repository.models()
             if name in known:
                 reason = self.failed.get(name)
-                raise BadRequest(message(f"Model {name!r} is not loaded" + (f": {reason}" if reason else ""),
-                                         received=name, fix=f"POST /v2/repository/models/{name}/load"),
-                                 status=400 if reason is None else 503)
+                raise BadRequest(
+                    message(
+                        f"Model {name!r} is not loaded" + (f": {reason}" if reason else ""),
+                        received=name,
+                        fix=f"POST /v2/repository/models/{name}/load",
+                    ),
+                    status=400 if reason is None else 503,
+                )
             raise BadRequest(message("Unknown model", received=name, choices=known), status=404)
         if version in (None, ""):
             return versions[max(versions, key=int)]  # the newest loaded version, as Triton does
         if version not in versions:
-            raise BadRequest(message(f"Model {name!r} has no such version loaded", received=version,
-                                     choices=sorted(versions, key=int)), status=404)
+            raise BadRequest(
+                message(
+                    f"Model {name!r} has no such version loaded", received=version, choices=sorted(versions, key=int)
+                ),
+                status=404,
+            )
         return versions[version]
 
     def ready(self, strict: bool) -> bool:
@@ -197,9 +222,13 @@ def _timeout(config: ModelConfig, request: InferRequest) -> float | None:
     asked = request.parameters.get("timeout")
     if asked is not None:
         if not config.allow_timeout_override:
-            raise BadRequest(message(f"Model {config.name!r} does not let a request set its own timeout",
-                                     received=f"timeout={asked}",
-                                     fix="drop the timeout parameter, or set allow_timeout_override"))
+            raise BadRequest(
+                message(
+                    f"Model {config.name!r} does not let a request set its own timeout",
+                    received=f"timeout={asked}",
+                    fix="drop the timeout parameter, or set allow_timeout_override",
+                )
+            )
         if not isinstance(asked, int) or isinstance(asked, bool) or asked < 0:
             raise BadRequest(message("timeout is in microseconds", expected="a whole number >= 0", received=asked))
         return asked / 1e6 if asked else None
@@ -220,8 +249,13 @@ def _check_request(loaded: Loaded, request: InferRequest) -> dict[str, np.ndarra
     rows = {value.shape[0] for value in inputs.values() if value.ndim}
     limit = loaded.config.max_batch_size
     if limit > 0 and rows and max(rows) > limit:
-        raise BadRequest(message(f"The batch is larger than model {loaded.name!r} allows",
-                                 expected=f"at most {limit} rows (max_batch_size)", received=max(rows)))
+        raise BadRequest(
+            message(
+                f"The batch is larger than model {loaded.name!r} allows",
+                expected=f"at most {limit} rows (max_batch_size)",
+                received=max(rows),
+            )
+        )
     if loaded.batcher is not None and len(rows) > 1:
         raise BadRequest(message("Inputs disagree on the batch size", received=sorted(rows)))
     return inputs
@@ -230,29 +264,42 @@ def _check_request(loaded: Loaded, request: InferRequest) -> dict[str, np.ndarra
 def _declared(name: str, config: ModelConfig, session: Session) -> None:
     """The inputs and outputs the configuration declares, checked against the model."""
     batched = config.max_batch_size > 0
-    for role, declared, actual in (("input", config.inputs, session.inputs), ("output", config.outputs,
-                                                                             session.outputs)):
+    for role, declared, actual in (
+        ("input", config.inputs, session.inputs),
+        ("output", config.outputs, session.outputs),
+    ):
         specs = {s.name: s for s in actual}
         for tensor in declared:
             where = f"{config.source}: {role} {tensor.name!r}"
             if tensor.name not in specs:
-                raise ConfigurationError(message(f"{where} is not one of the model's {role}s",
-                                                 received=tensor.name, choices=list(specs)))
+                raise ConfigurationError(
+                    message(f"{where} is not one of the model's {role}s", received=tensor.name, choices=list(specs))
+                )
             spec = specs[tensor.name]
             if tensor.dtype != spec.dtype:
-                raise ConfigurationError(message(f"{where} has the model's type wrong",
-                                                 expected=spec.dtype, received=tensor.dtype))
+                raise ConfigurationError(
+                    message(f"{where} has the model's type wrong", expected=spec.dtype, received=tensor.dtype)
+                )
             shape = spec.shape[1:] if batched else spec.shape
             if batched and spec.shape and spec.shape[0] not in (None,):
-                raise ConfigurationError(message(
-                    f"{config.source}: max_batch_size > 0 but {role} {tensor.name!r} has a fixed first "
-                    f"dimension ({spec.shape[0]})", fix="set max_batch_size: 0, or export with a dynamic batch"))
-            if len(tensor.dims) != len(shape) or any(d != -1 and m is not None and d != m
-                                                     for d, m in zip(tensor.dims, shape)):
-                raise ConfigurationError(message(
-                    f"{where} has dims that do not fit the model", expected=str(_dims(shape)),
-                    received=str(list(tensor.dims)),
-                    fix="the batch axis is left out of dims when max_batch_size > 0" if batched else None))
+                raise ConfigurationError(
+                    message(
+                        f"{config.source}: max_batch_size > 0 but {role} {tensor.name!r} has a fixed first "
+                        f"dimension ({spec.shape[0]})",
+                        fix="set max_batch_size: 0, or export with a dynamic batch",
+                    )
+                )
+            if len(tensor.dims) != len(shape) or any(
+                d != -1 and m is not None and d != m for d, m in zip(tensor.dims, shape)
+            ):
+                raise ConfigurationError(
+                    message(
+                        f"{where} has dims that do not fit the model",
+                        expected=str(_dims(shape)),
+                        received=str(list(tensor.dims)),
+                        fix="the batch axis is left out of dims when max_batch_size > 0" if batched else None,
+                    )
+                )
 
 
 def _dims(shape: tuple) -> list[int]:
@@ -270,8 +317,9 @@ def _warm(name: str, config: ModelConfig, session: Session, sample: Warmup) -> N
         for _ in range(sample.count):
             session.run(feeds)
     except XDeviceError as error:
-        raise ConfigurationError(message(f"{config.source}: warm-up {sample.name!r} of model {name!r} failed",
-                                         received=str(error)[:500])) from error
+        raise ConfigurationError(
+            message(f"{config.source}: warm-up {sample.name!r} of model {name!r} failed", received=str(error)[:500])
+        ) from error
 
 
 def _sample(dtype: str, shape: tuple, how: str, file: Any, rng: np.random.Generator) -> np.ndarray:
@@ -281,8 +329,9 @@ def _sample(dtype: str, shape: tuple, how: str, file: Any, rng: np.random.Genera
             from xdevice.serving.protocol import decode_bytes
 
             return decode_bytes(file.read_bytes()).reshape(shape)
-        return np.array([b"" if how == "zero" else str(v).encode() for v in rng.integers(0, 100, count)],
-                        dtype=object).reshape(shape)
+        return np.array(
+            [b"" if how == "zero" else str(v).encode() for v in rng.integers(0, 100, count)], dtype=object
+        ).reshape(shape)
     if dtype == "bfloat16":
         import ml_dtypes
 
@@ -302,18 +351,26 @@ def _sample(dtype: str, shape: tuple, how: str, file: Any, rng: np.random.Genera
 
 # -- what HTTP and gRPC answer alike -------------------------------------------------------------
 
+
 def server_info() -> dict:
     from xdevice import __version__
 
-    return {"name": "xdevice", "version": __version__,
-            "extensions": ["binary_tensor_data", "model_repository", "statistics"]}
+    return {
+        "name": "xdevice",
+        "version": __version__,
+        "extensions": ["binary_tensor_data", "model_repository", "statistics"],
+    }
 
 
 def model_info(models: Models, name: str, version: str | None) -> dict:
     loaded = models.get(name, version)
-    return {"name": loaded.name, "versions": sorted(models.loaded.get(name, {}), key=int),
-            "platform": "onnxruntime_onnx",
-            "inputs": [_spec(s) for s in loaded.session.inputs], "outputs": [_spec(s) for s in loaded.session.outputs]}
+    return {
+        "name": loaded.name,
+        "versions": sorted(models.loaded.get(name, {}), key=int),
+        "platform": "onnxruntime_onnx",
+        "inputs": [_spec(s) for s in loaded.session.inputs],
+        "outputs": [_spec(s) for s in loaded.session.outputs],
+    }
 
 
 def statistics(models: Models, name: str | None, version: str | None) -> list[dict]:

@@ -25,8 +25,15 @@ import orjson
 from xdevice._errors import InferenceError, message
 from xdevice.serving.repository import FROM_V2, V2_DATATYPES
 
-__all__ = ["BadRequest", "InferRequest", "decode_request", "encode_response", "encode_bytes", "decode_bytes",
-           "HEADER_LENGTH"]
+__all__ = [
+    "BadRequest",
+    "InferRequest",
+    "decode_request",
+    "encode_response",
+    "encode_bytes",
+    "decode_bytes",
+    "HEADER_LENGTH",
+]
 
 HEADER_LENGTH = "inference-header-content-length"
 
@@ -43,9 +50,9 @@ class BadRequest(InferenceError):
 class InferRequest:
     id: str | None
     inputs: dict[str, np.ndarray]
-    datatypes: dict[str, str]                  # input name -> V2 datatype as sent
-    outputs: list[tuple[str, bool]] | None     # (name, binary); None: all outputs
-    binary_outputs: bool                       # the default for outputs not listed
+    datatypes: dict[str, str]  # input name -> V2 datatype as sent
+    outputs: list[tuple[str, bool]] | None  # (name, binary); None: all outputs
+    binary_outputs: bool  # the default for outputs not listed
     parameters: dict = dataclasses.field(default_factory=dict)  # the request's own (``timeout``)
 
 
@@ -56,19 +63,31 @@ def decode_request(body: bytes, header_length: str | None) -> InferRequest:
         try:
             split = int(header_length)
         except ValueError:
-            raise BadRequest(message("Inference-Header-Content-Length is not a number",
-                                     received=header_length)) from None
+            raise BadRequest(
+                message("Inference-Header-Content-Length is not a number", received=header_length)
+            ) from None
         if not 0 < split <= len(body):
-            raise BadRequest(message("Inference-Header-Content-Length does not fit the body",
-                                     expected=f"1..{len(body)} (the body's length)", received=split))
+            raise BadRequest(
+                message(
+                    "Inference-Header-Content-Length does not fit the body",
+                    expected=f"1..{len(body)} (the body's length)",
+                    received=split,
+                )
+            )
     try:
         header = orjson.loads(body[:split])
     except orjson.JSONDecodeError as error:
-        raise BadRequest(message("The request is not valid JSON", received=str(error)[:200],
-                                 fix="send a JSON object with an `inputs` list")) from None
+        raise BadRequest(
+            message(
+                "The request is not valid JSON",
+                received=str(error)[:200],
+                fix="send a JSON object with an `inputs` list",
+            )
+        ) from None
     if not isinstance(header, dict) or not isinstance(header.get("inputs"), list) or not header["inputs"]:
-        raise BadRequest(message("The request has no `inputs`",
-                                 expected='{"inputs": [{"name", "shape", "datatype", "data"}]}'))
+        raise BadRequest(
+            message("The request has no `inputs`", expected='{"inputs": [{"name", "shape", "datatype", "data"}]}')
+        )
     binary, offset = body[split:], 0
     inputs, datatypes = {}, {}
     for entry in header["inputs"]:
@@ -76,10 +95,14 @@ def decode_request(body: bytes, header_length: str | None) -> InferRequest:
         size = (entry.get("parameters") or {}).get("binary_data_size")
         if size is not None:
             if not isinstance(size, int) or size < 0 or offset + size > len(binary):
-                raise BadRequest(message(f"Input {name!r}: binary_data_size does not add up",
-                                         expected=f"at most the {len(binary) - offset} bytes left after "
-                                                  "the JSON header", received=size))
-            inputs[name] = _from_bytes(name, binary[offset:offset + size], datatype, shape)
+                raise BadRequest(
+                    message(
+                        f"Input {name!r}: binary_data_size does not add up",
+                        expected=f"at most the {len(binary) - offset} bytes left after the JSON header",
+                        received=size,
+                    )
+                )
+            inputs[name] = _from_bytes(name, binary[offset : offset + size], datatype, shape)
             offset += size
         elif "data" in entry:
             inputs[name] = _from_json(name, entry["data"], datatype, shape)
@@ -87,25 +110,38 @@ def decode_request(body: bytes, header_length: str | None) -> InferRequest:
             raise BadRequest(message(f"Input {name!r} has neither `data` nor a binary_data_size"))
         datatypes[name] = datatype
     if offset != len(binary):
-        raise BadRequest(message("The binary part is longer than the inputs' binary_data_size add up to",
-                                 expected=f"{offset} bytes", received=f"{len(binary)} bytes"))
+        raise BadRequest(
+            message(
+                "The binary part is longer than the inputs' binary_data_size add up to",
+                expected=f"{offset} bytes",
+                received=f"{len(binary)} bytes",
+            )
+        )
     parameters = header.get("parameters") or {}
     if not isinstance(parameters, dict):
         raise BadRequest(message("`parameters` must be an object", received=parameters))
     outputs = header.get("outputs")
     if outputs is not None:
-        if not isinstance(outputs, list) or not all(isinstance(o, dict) and isinstance(o.get("name"), str)
-                                                    for o in outputs):
+        if not isinstance(outputs, list) or not all(
+            isinstance(o, dict) and isinstance(o.get("name"), str) for o in outputs
+        ):
             raise BadRequest(message("`outputs` must be a list of objects with a name", received=outputs))
         default = bool(parameters.get("binary_data_output", False))
         outputs = [(o["name"], bool((o.get("parameters") or {}).get("binary_data", default))) for o in outputs]
     request_id = header.get("id")
-    return InferRequest(None if request_id is None else str(request_id), inputs, datatypes, outputs,
-                        bool(parameters.get("binary_data_output", False)), parameters)
+    return InferRequest(
+        None if request_id is None else str(request_id),
+        inputs,
+        datatypes,
+        outputs,
+        bool(parameters.get("binary_data_output", False)),
+        parameters,
+    )
 
 
-def encode_response(model: str, version: str, request: InferRequest, outputs: dict[str, np.ndarray]
-                    ) -> tuple[bytes, dict[str, str]]:
+def encode_response(
+    model: str, version: str, request: InferRequest, outputs: dict[str, np.ndarray]
+) -> tuple[bytes, dict[str, str]]:
     """The response body and headers for ``outputs`` (only those the request asked for)."""
     wanted = request.outputs if request.outputs is not None else [(n, request.binary_outputs) for n in outputs]
     entries, blobs = [], []
@@ -137,9 +173,14 @@ def decode_bytes(raw: bytes, name: str = "BYTES") -> np.ndarray:
             raise BadRequest(message(f"Input {name!r}: a BYTES element is cut short"))
         (length,) = struct.unpack_from("<I", raw, at)
         if at + 4 + length > len(raw):
-            raise BadRequest(message(f"Input {name!r}: a BYTES element is longer than the data left",
-                                     expected=f"at most {len(raw) - at - 4} bytes", received=length))
-        items.append(raw[at + 4:at + 4 + length])
+            raise BadRequest(
+                message(
+                    f"Input {name!r}: a BYTES element is longer than the data left",
+                    expected=f"at most {len(raw) - at - 4} bytes",
+                    received=length,
+                )
+            )
+        items.append(raw[at + 4 : at + 4 + length])
         at += 4 + length
     return np.array(items, dtype=object)
 
@@ -158,35 +199,43 @@ def _tensor_header(entry: Any) -> tuple[str, str, tuple[int, ...]]:
         raise BadRequest(message("Each input needs a name", received=entry))
     name, datatype, shape = entry["name"], entry.get("datatype"), entry.get("shape")
     if datatype not in FROM_V2:
-        raise BadRequest(message(f"Input {name!r} has an unknown datatype", received=datatype,
-                                 choices=sorted(FROM_V2)))
+        raise BadRequest(message(f"Input {name!r} has an unknown datatype", received=datatype, choices=sorted(FROM_V2)))
     if not isinstance(shape, list) or not all(isinstance(d, int) and d >= 0 for d in shape):
-        raise BadRequest(message(f"Input {name!r} has a bad shape", expected="a list of non-negative ints",
-                                 received=shape))
+        raise BadRequest(
+            message(f"Input {name!r} has a bad shape", expected="a list of non-negative ints", received=shape)
+        )
     return name, datatype, tuple(shape)
 
 
 def _from_json(name: str, data: Any, datatype: str, shape: tuple[int, ...]) -> np.ndarray:
     flat = _flatten(name, data, shape)
     if len(flat) != math.prod(shape):
-        raise BadRequest(message(f"Input {name!r}: the data does not match the shape",
-                                 expected=f"{math.prod(shape)} values for shape {list(shape)}",
-                                 received=f"{len(flat)} values"))
+        raise BadRequest(
+            message(
+                f"Input {name!r}: the data does not match the shape",
+                expected=f"{math.prod(shape)} values for shape {list(shape)}",
+                received=f"{len(flat)} values",
+            )
+        )
     kinds = set(map(type, flat))
     if datatype == "BYTES":
         if kinds - {str}:
-            raise BadRequest(message(f"Input {name!r}: BYTES data in JSON must be strings",
-                                     received=_odd(flat, {str})))
+            raise BadRequest(message(f"Input {name!r}: BYTES data in JSON must be strings", received=_odd(flat, {str})))
         return np.array([v.encode() for v in flat], dtype=object).reshape(shape)
     if datatype == "BF16":
-        raise BadRequest(message(f"Input {name!r}: BF16 cannot be sent as JSON",
-                                 fix="send it in binary (the client's default)"))
+        raise BadRequest(
+            message(f"Input {name!r}: BF16 cannot be sent as JSON", fix="send it in binary (the client's default)")
+        )
     dtype = np.dtype(FROM_V2[datatype])
     allowed = {bool} if dtype.kind == "b" else {int} if dtype.kind in "iu" else {int, float}
     if kinds - allowed:
-        raise BadRequest(message(f"Input {name!r}: the data are not {datatype}", received=_odd(flat, allowed),
-                                 expected={"b": "true or false", "i": "whole numbers", "u": "whole numbers"}.get(
-                                     dtype.kind, "numbers")))
+        raise BadRequest(
+            message(
+                f"Input {name!r}: the data are not {datatype}",
+                received=_odd(flat, allowed),
+                expected={"b": "true or false", "i": "whole numbers", "u": "whole numbers"}.get(dtype.kind, "numbers"),
+            )
+        )
     try:
         wide = np.asarray(flat, dtype=np.float64 if dtype.kind == "f" else object)
         if dtype.kind == "f" and np.any(np.abs(wide) > np.finfo(dtype).max):
@@ -194,8 +243,10 @@ def _from_json(name: str, data: Any, datatype: str, shape: tuple[int, ...]) -> n
         if dtype.kind in "iu" and flat:
             low, high = min(flat), max(flat)
             if low < np.iinfo(dtype).min or high > np.iinfo(dtype).max:
-                raise OverflowError(f"{low if low < np.iinfo(dtype).min else high} is beyond {datatype}'s range "
-                                    f"({np.iinfo(dtype).min}..{np.iinfo(dtype).max})")
+                raise OverflowError(
+                    f"{low if low < np.iinfo(dtype).min else high} is beyond {datatype}'s range "
+                    f"({np.iinfo(dtype).min}..{np.iinfo(dtype).max})"
+                )
         return wide.astype(dtype).reshape(shape)
     except (TypeError, ValueError, OverflowError) as error:
         raise BadRequest(message(f"Input {name!r}: the data do not fit {datatype}", received=str(error))) from None
@@ -219,15 +270,23 @@ def _flatten(name: str, data: Any, shape: tuple[int, ...]) -> list:
         below = []
         for node in level:
             if not isinstance(node, list) or len(node) != size:
-                raise BadRequest(message(f"Input {name!r}: nested data must follow the shape",
-                                         expected=f"{size} entries at depth {depth} for shape {list(shape)}",
-                                         received=f"{len(node)} entries" if isinstance(node, list) else "a value",
-                                         fix="send the values flat, or nested exactly as the shape"))
+                raise BadRequest(
+                    message(
+                        f"Input {name!r}: nested data must follow the shape",
+                        expected=f"{size} entries at depth {depth} for shape {list(shape)}",
+                        received=f"{len(node)} entries" if isinstance(node, list) else "a value",
+                        fix="send the values flat, or nested exactly as the shape",
+                    )
+                )
             below.extend(node)
         level = below
     if any(isinstance(v, list) for v in level):
-        raise BadRequest(message(f"Input {name!r}: the data are nested deeper than the shape",
-                                 expected=f"{len(shape)} levels for shape {list(shape)}"))
+        raise BadRequest(
+            message(
+                f"Input {name!r}: the data are nested deeper than the shape",
+                expected=f"{len(shape)} levels for shape {list(shape)}",
+            )
+        )
     return level
 
 
@@ -236,14 +295,23 @@ def _from_bytes(name: str, raw: bytes, datatype: str, shape: tuple[int, ...]) ->
     if datatype == "BYTES":
         items = decode_bytes(raw, name)
         if len(items) != count:
-            raise BadRequest(message(f"Input {name!r}: the BYTES elements do not match the shape",
-                                     expected=f"{count} elements", received=f"{len(items)}"))
+            raise BadRequest(
+                message(
+                    f"Input {name!r}: the BYTES elements do not match the shape",
+                    expected=f"{count} elements",
+                    received=f"{len(items)}",
+                )
+            )
         return items.reshape(shape)
     dtype = np.dtype(_numpy_dtype(datatype))
     if len(raw) != count * dtype.itemsize:
-        raise BadRequest(message(f"Input {name!r}: binary_data_size does not match the shape",
-                                 expected=f"{count * dtype.itemsize} bytes ({list(shape)} x {datatype})",
-                                 received=f"{len(raw)} bytes"))
+        raise BadRequest(
+            message(
+                f"Input {name!r}: binary_data_size does not match the shape",
+                expected=f"{count * dtype.itemsize} bytes ({list(shape)} x {datatype})",
+                received=f"{len(raw)} bytes",
+            )
+        )
     return np.frombuffer(raw, dtype=dtype.newbyteorder("<")).astype(dtype, copy=False).reshape(shape)
 
 

@@ -20,14 +20,24 @@ import numpy as np
 from xdevice._errors import ConfigurationError, InferenceError, message
 from xdevice.serving.config import ModelConfig, read_config
 
-__all__ = ["ModelConfig", "ModelNotFound", "Repository", "read_config", "triton_config", "V2_DATATYPES",
-           "FROM_V2"]
+__all__ = ["ModelConfig", "ModelNotFound", "Repository", "read_config", "triton_config", "V2_DATATYPES", "FROM_V2"]
 
 #: numpy dtype name -> KServe V2 datatype; "string" stands for numpy object arrays of bytes.
 V2_DATATYPES: dict[str, str] = {
-    "bool": "BOOL", "uint8": "UINT8", "uint16": "UINT16", "uint32": "UINT32", "uint64": "UINT64",
-    "int8": "INT8", "int16": "INT16", "int32": "INT32", "int64": "INT64", "float16": "FP16",
-    "float32": "FP32", "float64": "FP64", "bfloat16": "BF16", "string": "BYTES",
+    "bool": "BOOL",
+    "uint8": "UINT8",
+    "uint16": "UINT16",
+    "uint32": "UINT32",
+    "uint64": "UINT64",
+    "int8": "INT8",
+    "int16": "INT16",
+    "int32": "INT32",
+    "int64": "INT64",
+    "float16": "FP16",
+    "float32": "FP32",
+    "float64": "FP64",
+    "bfloat16": "BF16",
+    "string": "BYTES",
 }
 FROM_V2: dict[str, str] = {v2: name for name, v2 in V2_DATATYPES.items()}
 _TRITON_TYPES = {n: "TYPE_STRING" if v == "BYTES" else f"TYPE_{v}" for n, v in V2_DATATYPES.items()}
@@ -52,9 +62,14 @@ class Repository:
     def __init__(self, root: Path | str) -> None:
         self.root = Path(root)
         if not self.root.is_dir():
-            raise ConfigurationError(message("Model repository not found", expected="a folder",
-                                             received=str(self.root),
-                                             fix="create <root>/<model>/1/model.onnx"))
+            raise ConfigurationError(
+                message(
+                    "Model repository not found",
+                    expected="a folder",
+                    received=str(self.root),
+                    fix="create <root>/<model>/1/model.onnx",
+                )
+            )
 
     def models(self) -> list[str]:
         """Every model folder, sorted, whether or not it holds a usable version."""
@@ -69,8 +84,7 @@ class Repository:
     def versions(self, name: str) -> list[int]:
         """The numeric version folders of ``name`` that hold ``model.onnx``, oldest first."""
         folder = self._folder(name)
-        return sorted(int(p.name) for p in folder.iterdir()
-                      if p.name.isdigit() and (p / "model.onnx").is_file())
+        return sorted(int(p.name) for p in folder.iterdir() if p.name.isdigit() and (p / "model.onnx").is_file())
 
     def served(self, name: str) -> list[int]:
         """The versions the model's ``version_policy`` serves, oldest first."""
@@ -80,9 +94,13 @@ class Repository:
         """The newest version that the model's version policy serves."""
         served = self.served(name)
         if not served:
-            raise ModelNotFound(message(f"Model {name!r} has no version to serve",
-                                        expected="a folder <model>/<number>/model.onnx"
-                                        " allowed by version_policy", received=self.versions(name)))
+            raise ModelNotFound(
+                message(
+                    f"Model {name!r} has no version to serve",
+                    expected="a folder <model>/<number>/model.onnx allowed by version_policy",
+                    received=self.versions(name),
+                )
+            )
         return served[-1]
 
     def path(self, name: str, version: int | str | None = None) -> Path:
@@ -91,8 +109,9 @@ class Repository:
             version = self.latest(name)
         served = self.served(name)
         if not str(version).isdigit() or int(version) not in served:
-            raise ModelNotFound(message(f"Unknown version of model {name!r}", received=str(version),
-                                        choices=[str(v) for v in served]))
+            raise ModelNotFound(
+                message(f"Unknown version of model {name!r}", received=str(version), choices=[str(v) for v in served])
+            )
         return self.root / name / str(int(version)) / "model.onnx"
 
     def config(self, name: str) -> ModelConfig:
@@ -107,14 +126,16 @@ class Repository:
         """
         entries = []
         for name in self.models():
-            folders = sorted((p for p in (self.root / name).iterdir() if p.is_dir() and p.name.isdigit()),
-                             key=lambda p: int(p.name))
+            folders = sorted(
+                (p for p in (self.root / name).iterdir() if p.is_dir() and p.name.isdigit()), key=lambda p: int(p.name)
+            )
             for p in folders:
                 reason = "" if (p / "model.onnx").is_file() else f"no model.onnx in {p}"
                 entries.append({"name": name, "version": p.name, "state": "UNAVAILABLE", "reason": reason})
             if not folders:
-                entries.append({"name": name, "version": "", "state": "UNAVAILABLE",
-                                "reason": "no numeric version folder"})
+                entries.append(
+                    {"name": name, "version": "", "state": "UNAVAILABLE", "reason": "no numeric version folder"}
+                )
         return entries
 
 
@@ -136,11 +157,13 @@ def triton_config(config: ModelConfig, inputs: Any, outputs: Any, platform: str 
     ...               [])["input"][0]["dims"]
     [3]
     """
+
     def tensor(t: Any) -> dict:
         dtype = _dtype_name(t.dtype)
         if dtype not in _TRITON_TYPES:
-            raise ConfigurationError(message(f"Tensor {t.name!r} has an unsupported type",
-                                             received=dtype, choices=list(_TRITON_TYPES)))
+            raise ConfigurationError(
+                message(f"Tensor {t.name!r} has an unsupported type", received=dtype, choices=list(_TRITON_TYPES))
+            )
         shape = list(t.shape)[1:] if config.max_batch_size > 0 else list(t.shape)
         dims = [d if isinstance(d, int) and d >= 0 else -1 for d in shape]
         return {"name": t.name, "data_type": _TRITON_TYPES[dtype], "dims": dims, "is_shape_tensor": False}
@@ -154,30 +177,56 @@ def triton_config(config: ModelConfig, inputs: Any, outputs: Any, platform: str 
     else:
         policy = {"latest": {"num_versions": config.version_policy[1]}}
     out = {
-        "name": config.name, "platform": platform, "backend": "onnxruntime", "runtime": "",
-        "version_policy": policy, "max_batch_size": config.max_batch_size,
-        "input": [{**tensor(t), "format": "FORMAT_NONE", "allow_ragged_batch": False, "optional": False}
-                  for t in inputs],
+        "name": config.name,
+        "platform": platform,
+        "backend": "onnxruntime",
+        "runtime": "",
+        "version_policy": policy,
+        "max_batch_size": config.max_batch_size,
+        "input": [
+            {**tensor(t), "format": "FORMAT_NONE", "allow_ragged_batch": False, "optional": False} for t in inputs
+        ],
         "output": [{**tensor(t), "label_filename": ""} for t in outputs],
-        "instance_group": [{"name": config.name, "kind": "KIND_GPU" if gpu else "KIND_CPU",
-                            "count": config.instance_count,
-                            "gpus": [int(config.device.partition(":")[2] or 0)] if gpu else []}],
-        "default_model_filename": "model.onnx", "parameters": {},
+        "instance_group": [
+            {
+                "name": config.name,
+                "kind": "KIND_GPU" if gpu else "KIND_CPU",
+                "count": config.instance_count,
+                "gpus": [int(config.device.partition(":")[2] or 0)] if gpu else [],
+            }
+        ],
+        "default_model_filename": "model.onnx",
+        "parameters": {},
     }
     if config.dynamic_batching:
-        out["dynamic_batching"] = {"preferred_batch_size": list(config.preferred_batch_size),
-                                   "max_queue_delay_microseconds": config.max_queue_delay_us,
-                                   "preserve_ordering": False,
-                                   "default_queue_policy": {
-                                       "timeout_action": config.timeout_action,
-                                       "default_timeout_microseconds": config.queue_timeout_us,
-                                       "allow_timeout_override": config.allow_timeout_override,
-                                       "max_queue_size": config.max_queue_size}}
+        out["dynamic_batching"] = {
+            "preferred_batch_size": list(config.preferred_batch_size),
+            "max_queue_delay_microseconds": config.max_queue_delay_us,
+            "preserve_ordering": False,
+            "default_queue_policy": {
+                "timeout_action": config.timeout_action,
+                "default_timeout_microseconds": config.queue_timeout_us,
+                "allow_timeout_override": config.allow_timeout_override,
+                "max_queue_size": config.max_queue_size,
+            },
+        }
     if config.warmup:
-        out["model_warmup"] = [{"name": w.name, "batch_size": w.batch_size, "count": w.count,
-                                "inputs": {name: {"data_type": _TRITON_TYPES[dtype], "dims": list(dims),
-                                                  {"zero": "zero_data", "random": "random_data"}.get(
-                                                      how, "input_data_file"): True if file is None else file.name}
-                                           for name, (dtype, dims, how, file) in w.inputs.items()}}
-                               for w in config.warmup]
+        out["model_warmup"] = [
+            {
+                "name": w.name,
+                "batch_size": w.batch_size,
+                "count": w.count,
+                "inputs": {
+                    name: {
+                        "data_type": _TRITON_TYPES[dtype],
+                        "dims": list(dims),
+                        {"zero": "zero_data", "random": "random_data"}.get(how, "input_data_file"): True
+                        if file is None
+                        else file.name,
+                    }
+                    for name, (dtype, dims, how, file) in w.inputs.items()
+                },
+            }
+            for w in config.warmup
+        ]
     return out

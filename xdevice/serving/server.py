@@ -47,9 +47,16 @@ class ServerNotReady(InferenceError, RuntimeError):
     """A server that did not start listening, or did not become ready."""
 
 
-def create_app(repository: str | Path, *, max_body: int = MAX_BODY, threads: int | None = None,
-               exit_on_error: bool = True, strict_readiness: bool = True, grpc_port: int | None = None,
-               grpc_host: str = "127.0.0.1"):
+def create_app(
+    repository: str | Path,
+    *,
+    max_body: int = MAX_BODY,
+    threads: int | None = None,
+    exit_on_error: bool = True,
+    strict_readiness: bool = True,
+    grpc_port: int | None = None,
+    grpc_host: str = "127.0.0.1",
+):
     """The Starlette app serving ``repository`` (Triton's layout); loads every model now.
 
     Args:
@@ -73,8 +80,12 @@ def create_app(repository: str | Path, *, max_body: int = MAX_BODY, threads: int
             models.load(name)
     if exit_on_error and models.failed:
         reasons = "".join(f"\n  {name}: {reason}" for name, reason in sorted(models.failed.items()))
-        raise ConfigurationError(message(f"{len(models.failed)} model(s) failed to load:{reasons}\n",
-                                         fix="fix them, or pass --no-exit-on-error to serve the others"))
+        raise ConfigurationError(
+            message(
+                f"{len(models.failed)} model(s) failed to load:{reasons}\n",
+                fix="fix them, or pass --no-exit-on-error to serve the others",
+            )
+        )
 
     def reply(value: Any = None, status: int = 200) -> Response:
         body = b"" if value is None else orjson.dumps(value)
@@ -93,9 +104,10 @@ def create_app(repository: str | Path, *, max_body: int = MAX_BODY, threads: int
                 return error(str(missing), 404)
             except XDeviceError as failure:
                 return error(str(failure), 400)
-            except Exception as failure:  # noqa: BLE001 - answer, log nothing secret, keep serving
+            except Exception as failure:
                 logger.exception("unexpected failure on %s", request.url.path)
                 return error(f"{type(failure).__name__}: {failure}", 500)
+
         return endpoint
 
     async def server_metadata(request):
@@ -127,8 +139,12 @@ def create_app(repository: str | Path, *, max_body: int = MAX_BODY, threads: int
         try:
             body = await asyncio.wait_for(_read_body(request, max_body), BODY_TIMEOUT)
         except asyncio.TimeoutError:
-            raise BadRequest(message("The request body did not arrive in time",
-                                     expected=f"the whole body within {BODY_TIMEOUT:g} s"), status=408) from None
+            raise BadRequest(
+                message(
+                    "The request body did not arrive in time", expected=f"the whole body within {BODY_TIMEOUT:g} s"
+                ),
+                status=408,
+            ) from None
         try:
             parsed = decode_request(body, request.headers.get(HEADER_LENGTH))
         except BadRequest:
@@ -163,8 +179,9 @@ def create_app(repository: str | Path, *, max_body: int = MAX_BODY, threads: int
         if grpc_port is not None:
             from xdevice.serving.grpc_service import start_grpc
 
-            grpc_server, app.state.grpc_port = await start_grpc(models, loader, grpc_host, grpc_port,
-                                                                strict_readiness, max_body)
+            grpc_server, app.state.grpc_port = await start_grpc(
+                models, loader, grpc_host, grpc_port, strict_readiness, max_body
+            )
             logger.info("gRPC (GRPCInferenceService) on %s:%d", grpc_host, app.state.grpc_port)
         yield
         if grpc_server is not None:
@@ -174,16 +191,24 @@ def create_app(repository: str | Path, *, max_body: int = MAX_BODY, threads: int
             loaded.instances.shutdown(wait=True)
         loader.shutdown(wait=True)
 
-    routes = [Route("/v2", handled(server_metadata)), Route("/v2/health/live", handled(live)),
-              Route("/v2/health/ready", handled(ready)), Route("/metrics", handled(metrics)),
-              Route("/v2/models/stats", handled(model_stats)),
-              Route("/v2/repository/index", handled(repository_index), methods=["POST"]),
-              Route("/v2/repository/models/{model}/load", handled(load), methods=["POST"]),
-              Route("/v2/repository/models/{model}/unload", handled(unload), methods=["POST"])]
+    routes = [
+        Route("/v2", handled(server_metadata)),
+        Route("/v2/health/live", handled(live)),
+        Route("/v2/health/ready", handled(ready)),
+        Route("/metrics", handled(metrics)),
+        Route("/v2/models/stats", handled(model_stats)),
+        Route("/v2/repository/index", handled(repository_index), methods=["POST"]),
+        Route("/v2/repository/models/{model}/load", handled(load), methods=["POST"]),
+        Route("/v2/repository/models/{model}/unload", handled(unload), methods=["POST"]),
+    ]
     for prefix in ("/v2/models/{model}", "/v2/models/{model}/versions/{version}"):
-        routes += [Route(prefix, handled(model_metadata)), Route(prefix + "/ready", handled(model_ready)),
-                   Route(prefix + "/config", handled(model_config)), Route(prefix + "/stats", handled(model_stats)),
-                   Route(prefix + "/infer", handled(infer), methods=["POST"])]
+        routes += [
+            Route(prefix, handled(model_metadata)),
+            Route(prefix + "/ready", handled(model_ready)),
+            Route(prefix + "/config", handled(model_config)),
+            Route(prefix + "/stats", handled(model_stats)),
+            Route(prefix + "/infer", handled(infer), methods=["POST"]),
+        ]
     app = Starlette(routes=routes, exception_handlers={HTTPException: http_error}, lifespan=lifespan)
     app.state.models = models
     app.state.grpc_port = None
@@ -196,14 +221,17 @@ async def _read_body(request, limit: int) -> bytes:
         if not declared.isdigit():
             raise BadRequest(message("Bad Content-Length", received=declared))
         if int(declared) > limit:
-            raise BadRequest(message("The request body is too large", expected=f"at most {limit} bytes",
-                                     received=f"{declared} bytes"), status=413)
+            raise BadRequest(
+                message(
+                    "The request body is too large", expected=f"at most {limit} bytes", received=f"{declared} bytes"
+                ),
+                status=413,
+            )
     body = bytearray()
     async for chunk in request.stream():  # also bounds bodies sent without a Content-Length
         body += chunk
         if len(body) > limit:
-            raise BadRequest(message("The request body is too large", expected=f"at most {limit} bytes"),
-                             status=413)
+            raise BadRequest(message("The request body is too large", expected=f"at most {limit} bytes"), status=413)
     return bytes(body)
 
 
@@ -254,14 +282,29 @@ class Server:
     ...     client = tritonclient.http.InferenceServerClient(server.url)
     """
 
-    def __init__(self, repository: str | Path, host: str = "127.0.0.1", port: int = 0, *,
-                 grace: float = 10.0, grpc_port: int | None = 0, header_timeout: float = HEADER_TIMEOUT,
-                 **options: Any):
+    def __init__(
+        self,
+        repository: str | Path,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        *,
+        grace: float = 10.0,
+        grpc_port: int | None = 0,
+        header_timeout: float = HEADER_TIMEOUT,
+        **options: Any,
+    ):
         import uvicorn
 
         self.app = create_app(repository, grpc_port=grpc_port, grpc_host=host, **options)
-        config = uvicorn.Config(self.app, host=host, port=port, log_level="warning", access_log=False,
-                                timeout_graceful_shutdown=grace, http=_http_protocol(header_timeout))
+        config = uvicorn.Config(
+            self.app,
+            host=host,
+            port=port,
+            log_level="warning",
+            access_log=False,
+            timeout_graceful_shutdown=grace,
+            http=_http_protocol(header_timeout),
+        )
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, name="xdevice-serve", daemon=True)
         self.host, self.port = host, port
@@ -281,8 +324,11 @@ class Server:
         deadline = time.monotonic() + timeout
         while not self.server.started:
             if not self.thread.is_alive() or time.monotonic() > deadline:
-                raise ServerNotReady(message("The server did not start", received=self.url,
-                                             fix="is the port free? (port=0 picks a free one)"))
+                raise ServerNotReady(
+                    message(
+                        "The server did not start", received=self.url, fix="is the port free? (port=0 picks a free one)"
+                    )
+                )
             time.sleep(0.01)
         self.port = self.server.servers[0].sockets[0].getsockname()[1]
         return self
@@ -307,14 +353,25 @@ class ServerProcess:
     ...     client = tritonclient.http.InferenceServerClient(server.url)
     """
 
-    def __init__(self, repository: str | Path, *, threads: int | None = None, timeout: float = 120.0,
-                 options: list[str] = ()):
+    def __init__(
+        self, repository: str | Path, *, threads: int | None = None, timeout: float = 120.0, options: list[str] = ()
+    ):
         import sys
 
         self.port, self.grpc_port = _free_port(), _free_port()
         self.url, self.grpc_url = f"127.0.0.1:{self.port}", f"127.0.0.1:{self.grpc_port}"
-        self.command = [sys.executable, "-m", "xdevice", "serve", str(repository), "--port", str(self.port),
-                        "--grpc-port", str(self.grpc_port), *options]
+        self.command = [
+            sys.executable,
+            "-m",
+            "xdevice",
+            "serve",
+            str(repository),
+            "--port",
+            str(self.port),
+            "--grpc-port",
+            str(self.grpc_port),
+            *options,
+        ]
         if threads is not None:
             self.command += ["--threads", str(threads)]
         self.timeout = timeout
@@ -336,8 +393,13 @@ class ServerProcess:
                 pass
             if self.process.poll() is not None or time.monotonic() > deadline:
                 self.__exit__()
-                raise ServerNotReady(message("xdevice serve did not become ready", received=" ".join(self.command),
-                                             fix="run that command by hand to see its error"))
+                raise ServerNotReady(
+                    message(
+                        "xdevice serve did not become ready",
+                        received=" ".join(self.command),
+                        fix="run that command by hand to see its error",
+                    )
+                )
             time.sleep(0.2)
 
     def __exit__(self, *exc) -> None:
@@ -346,9 +408,17 @@ class ServerProcess:
         self.process.wait(30)
 
 
-def serve(repository: str | Path, host: str = "127.0.0.1", port: int = 8000, *, grpc_port: int | None = GRPC_PORT,
-          access_log: bool = False, header_timeout: float = HEADER_TIMEOUT, log_level: str = "info",
-          **options: Any) -> None:
+def serve(
+    repository: str | Path,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    *,
+    grpc_port: int | None = GRPC_PORT,
+    access_log: bool = False,
+    header_timeout: float = HEADER_TIMEOUT,
+    log_level: str = "info",
+    **options: Any,
+) -> None:
     """Serve ``repository`` until interrupted (what ``xdevice serve`` runs).
 
     Raises:
@@ -358,11 +428,23 @@ def serve(repository: str | Path, host: str = "127.0.0.1", port: int = 8000, *, 
 
     app = create_app(repository, grpc_port=grpc_port or None, grpc_host=host, **options)
     models = app.state.models
-    logger.info("serving %s from %s on http://%s:%d%s (KServe V2; metrics at /metrics)",
-                ", ".join(models.loaded) or "no models", repository, host, port,
-                f" and grpc://{host}:{grpc_port}" if grpc_port else "")
-    uvicorn.run(app, host=host, port=port, log_level=log_level if access_log else "warning", access_log=access_log,
-                timeout_graceful_shutdown=10, http=_http_protocol(header_timeout))
+    logger.info(
+        "serving %s from %s on http://%s:%d%s (KServe V2; metrics at /metrics)",
+        ", ".join(models.loaded) or "no models",
+        repository,
+        host,
+        port,
+        f" and grpc://{host}:{grpc_port}" if grpc_port else "",
+    )
+    uvicorn.run(
+        app,
+        host=host,
+        port=port,
+        log_level=log_level if access_log else "warning",
+        access_log=access_log,
+        timeout_graceful_shutdown=10,
+        http=_http_protocol(header_timeout),
+    )
 
 
 def _free_port() -> int:

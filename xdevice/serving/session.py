@@ -29,19 +29,32 @@ from pathlib import Path
 from typing import Any
 
 from xdevice import _configure, _registry
-from xdevice._device import Device, device as parse_device
+from xdevice._device import Device
+from xdevice._device import device as parse_device
 from xdevice._errors import ConfigurationError, DeviceNotFound, InferenceError, message
 from xdevice._tensors import backend_of, to_host
 
 __all__ = ["TensorSpec", "Session"]
 
-_OPTIMIZATION = {"disable": "ORT_DISABLE_ALL", "basic": "ORT_ENABLE_BASIC",
-                 "extended": "ORT_ENABLE_EXTENDED", "all": "ORT_ENABLE_ALL"}
-_ONNX_TO_NUMPY = {"float": "float32", "double": "float64", "float16": "float16", "bfloat16": "bfloat16",
-                  "bool": "bool", "string": "string", **{f"{s}int{b}": f"{s}int{b}" for s in ("", "u")
-                                                         for b in (8, 16, 32, 64)}}
-_GPU_FIX = ("install the GPU build (pip uninstall onnxruntime && pip install onnxruntime-gpu), "
-            "and run `xdevice doctor` to check the CUDA and cuDNN libraries")
+_OPTIMIZATION = {
+    "disable": "ORT_DISABLE_ALL",
+    "basic": "ORT_ENABLE_BASIC",
+    "extended": "ORT_ENABLE_EXTENDED",
+    "all": "ORT_ENABLE_ALL",
+}
+_ONNX_TO_NUMPY = {
+    "float": "float32",
+    "double": "float64",
+    "float16": "float16",
+    "bfloat16": "bfloat16",
+    "bool": "bool",
+    "string": "string",
+    **{f"{s}int{b}": f"{s}int{b}" for s in ("", "u") for b in (8, 16, 32, 64)},
+}
+_GPU_FIX = (
+    "install the GPU build (pip uninstall onnxruntime && pip install onnxruntime-gpu), "
+    "and run `xdevice doctor` to check the CUDA and cuDNN libraries"
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -76,17 +89,27 @@ class Session:
     >>> session.run({"x": [[1.0, 2.0]]})["y"]           # doctest: +SKIP
     """
 
-    def __init__(self, model: Any, device: Any = "cpu", *, threads: int | None = None,
-                 optimization: str = "all", tensorrt: bool = False, strict: bool = False,
-                 warmup: bool = True, name: str | None = None) -> None:
+    def __init__(
+        self,
+        model: Any,
+        device: Any = "cpu",
+        *,
+        threads: int | None = None,
+        optimization: str = "all",
+        tensorrt: bool = False,
+        strict: bool = False,
+        warmup: bool = True,
+        name: str | None = None,
+    ) -> None:
         import onnxruntime as ort
 
         from xdevice.converters.load import load_model
 
         self.device: Device = parse_device(device)
         if self.device.kind not in ("cpu", "gpu"):
-            raise ConfigurationError(message("ONNX Runtime serves on a CPU or a GPU",
-                                             received=str(self.device), choices=["cpu", "gpu:0"]))
+            raise ConfigurationError(
+                message("ONNX Runtime serves on a CPU or a GPU", received=str(self.device), choices=["cpu", "gpu:0"])
+            )
         options = _session_options(ort, threads, optimization)
         proto = load_model(model, check=True)
         self.model_path = Path(os.fspath(model)) if isinstance(model, (str, os.PathLike)) else None
@@ -100,15 +123,20 @@ class Session:
                 warnings.filterwarnings("ignore", "Specified provider", UserWarning)
                 self._session = ort.InferenceSession(source, sess_options=options, providers=requested)
         except Exception as error:  # ORT raises its own pybind Fail/InvalidGraph types
-            raise InferenceError(message(
-                f"ONNX Runtime cannot load model {self.name!r}", received=str(error).strip()[:500],
-                fix=f"ONNX Runtime {ort.__version__} reads IR version <= 13 and ai.onnx opset <= 26; "
-                    "re-export with those, or check the model with onnx.checker")) from error
+            raise InferenceError(
+                message(
+                    f"ONNX Runtime cannot load model {self.name!r}",
+                    received=str(error).strip()[:500],
+                    fix=f"ONNX Runtime {ort.__version__} reads IR version <= 13 and ai.onnx opset <= 26; "
+                    "re-export with those, or check the model with onnx.checker",
+                )
+            ) from error
         self.providers: list[str] = list(self._session.get_providers())
         nodes = _assigned_nodes(self._session)
         self.assignment: dict[str, int] = dict(collections.Counter(ep for ep, _ in nodes or ()))
-        _check_providers(self.device, [p if isinstance(p, str) else p[0] for p in requested],
-                         self.providers, nodes, strict)
+        _check_providers(
+            self.device, [p if isinstance(p, str) else p[0] for p in requested], self.providers, nodes, strict
+        )
         self.inputs = [_spec(a) for a in self._session.get_inputs()]
         self.outputs = [_spec(a) for a in self._session.get_outputs()]
         self.ready = False
@@ -117,16 +145,19 @@ class Session:
             try:
                 self.run(zeros)
             except Exception as error:
-                raise InferenceError(message(
-                    f"Warm-up of model {self.name!r} on zeros failed", received=str(error)[:500],
-                    fix="pass warmup=False if the model needs real inputs (related dims, valid ids)")) from error
+                raise InferenceError(
+                    message(
+                        f"Warm-up of model {self.name!r} on zeros failed",
+                        received=str(error)[:500],
+                        fix="pass warmup=False if the model needs real inputs (related dims, valid ids)",
+                    )
+                ) from error
         self.ready = True
 
     def __repr__(self) -> str:
         return f"Session({self.name!r}, device='{self.device}', providers={self.providers})"
 
-    def run(self, inputs: dict[str, Any], outputs: list[str] | None = None, *,
-            to: str | None = None) -> dict[str, Any]:
+    def run(self, inputs: dict[str, Any], outputs: list[str] | None = None, *, to: str | None = None) -> dict[str, Any]:
         """Run the model once; thread safe.
 
         Args:
@@ -155,8 +186,9 @@ class Session:
         except InferenceError:
             raise
         except Exception as error:
-            raise InferenceError(message(f"Model {self.name!r} failed to run",
-                                         received=str(error).strip()[:500])) from error
+            raise InferenceError(
+                message(f"Model {self.name!r} failed to run", received=str(error).strip()[:500])
+            ) from error
 
     def _run_bound(self, feeds: dict[str, Any], wanted: list[str], to: str | None, on_gpu: bool):
         import onnxruntime as ort
@@ -197,9 +229,14 @@ class Session:
         unknown = [k for k in inputs if k not in specs]
         missing = [k for k in specs if k not in inputs]
         if unknown or missing:
-            raise InferenceError(message(
-                f"Model {self.name!r} got wrong input names", expected="exactly the model's inputs",
-                received=f"unknown {unknown}, missing {missing}", choices=list(specs)))
+            raise InferenceError(
+                message(
+                    f"Model {self.name!r} got wrong input names",
+                    expected="exactly the model's inputs",
+                    received=f"unknown {unknown}, missing {missing}",
+                    choices=list(specs),
+                )
+            )
         return {name: _checked(specs[name], value, self.device) for name, value in inputs.items()}
 
 
@@ -211,8 +248,13 @@ def provider_list(device: Device, *, tensorrt: bool = False, memory_limit: int |
     """
     if device.kind == "cpu":
         if tensorrt:
-            raise ConfigurationError(message("TensorRT needs a GPU device", received=str(device),
-                                             fix="pass device='gpu:0', or drop tensorrt=True"))
+            raise ConfigurationError(
+                message(
+                    "TensorRT needs a GPU device",
+                    received=str(device),
+                    fix="pass device='gpu:0', or drop tensorrt=True",
+                )
+            )
         return ["CPUExecutionProvider"]
     cuda: dict[str, Any] = {"device_id": device.index}
     if memory_limit is not None:
@@ -232,8 +274,9 @@ def _memory_limit(device: Device) -> int | None:
     return None
 
 
-def _check_providers(device: Device, requested: list[str], registered: list[str],
-                     nodes: list[tuple[str, str]] | None, strict: bool) -> None:
+def _check_providers(
+    device: Device, requested: list[str], registered: list[str], nodes: list[tuple[str, str]] | None, strict: bool
+) -> None:
     """Raise when the session is not on the device asked for. Pure: tested with made-up inputs.
 
     Args:
@@ -243,37 +286,58 @@ def _check_providers(device: Device, requested: list[str], registered: list[str]
     if device.kind != "gpu":
         return
     if "CUDAExecutionProvider" not in registered:
-        raise DeviceNotFound(message(
-            f"ONNX Runtime did not register its CUDA provider for {device}; it would run on the CPU",
-            expected="CUDAExecutionProvider among the session's providers", received=registered,
-            fix=_GPU_FIX))
+        raise DeviceNotFound(
+            message(
+                f"ONNX Runtime did not register its CUDA provider for {device}; it would run on the CPU",
+                expected="CUDAExecutionProvider among the session's providers",
+                received=registered,
+                fix=_GPU_FIX,
+            )
+        )
     if "TensorrtExecutionProvider" in requested and "TensorrtExecutionProvider" not in registered:
-        raise ConfigurationError(message(
-            "ONNX Runtime did not register its TensorRT provider", received=registered,
-            fix="install TensorRT's libraries where onnxruntime-gpu finds them, or pass tensorrt=False"))
+        raise ConfigurationError(
+            message(
+                "ONNX Runtime did not register its TensorRT provider",
+                received=registered,
+                fix="install TensorRT's libraries where onnxruntime-gpu finds them, or pass tensorrt=False",
+            )
+        )
     if not strict:
         return
     if nodes is None:
-        raise ConfigurationError(message(
-            "strict=True needs ONNX Runtime to report where each node runs, and it cannot",
-            expected="onnxruntime >= 1.24", fix="upgrade onnxruntime-gpu, or pass strict=False"))
+        raise ConfigurationError(
+            message(
+                "strict=True needs ONNX Runtime to report where each node runs, and it cannot",
+                expected="onnxruntime >= 1.24",
+                fix="upgrade onnxruntime-gpu, or pass strict=False",
+            )
+        )
     on_cpu = collections.Counter(op for ep, op in nodes if ep == "CPUExecutionProvider")
     if on_cpu:
         ops = ", ".join(f"{op} x{n}" for op, n in sorted(on_cpu.items()))
-        raise ConfigurationError(message(
-            f"strict=True, but {sum(on_cpu.values())} node(s) fell back to the CPU on {device}",
-            received=ops, fix="replace those ops in the model, or pass strict=False to allow the fallback"))
+        raise ConfigurationError(
+            message(
+                f"strict=True, but {sum(on_cpu.values())} node(s) fell back to the CPU on {device}",
+                received=ops,
+                fix="replace those ops in the model, or pass strict=False to allow the fallback",
+            )
+        )
 
 
 # -- helpers --------------------------------------------------------------------------------
 
+
 def _session_options(ort, threads: int | None, optimization: str):
     if optimization not in _OPTIMIZATION:
-        raise ConfigurationError(message("Unknown optimization level", received=optimization,
-                                         choices=list(_OPTIMIZATION)))
+        raise ConfigurationError(
+            message("Unknown optimization level", received=optimization, choices=list(_OPTIMIZATION))
+        )
     if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
-        raise ConfigurationError(message("threads is the number of intra-op threads",
-                                         expected="an int of 1 or more, or None", received=threads))
+        raise ConfigurationError(
+            message(
+                "threads is the number of intra-op threads", expected="an int of 1 or more, or None", received=threads
+            )
+        )
     options = ort.SessionOptions()
     options.graph_optimization_level = getattr(ort.GraphOptimizationLevel, _OPTIMIZATION[optimization])
     options.intra_op_num_threads = threads or 0
@@ -285,7 +349,7 @@ def _assigned_nodes(session) -> list[tuple[str, str]] | None:
     """``(provider, op_type)`` for each node, or None on an ORT that cannot say (< 1.24)."""
     try:
         info = session.get_provider_graph_assignment_info()
-    except Exception:  # absent before 1.24; raises if the config entry did not reach the session
+    except Exception:  # noqa: BLE001 - absent before 1.24; raises if the config entry did not reach the session
         return None
     return [(sub.ep_name, node.op_type) for sub in info for node in sub.get_nodes()]
 
@@ -297,7 +361,7 @@ def _has_external_data(proto) -> bool:
 
 
 def _spec(arg) -> TensorSpec:
-    kind = arg.type[len("tensor("):-1] if arg.type.startswith("tensor(") else arg.type
+    kind = arg.type[len("tensor(") : -1] if arg.type.startswith("tensor(") else arg.type
     shape = tuple(d if isinstance(d, int) else None for d in (arg.shape or ()))
     return TensorSpec(arg.name, _ONNX_TO_NUMPY.get(kind, kind), shape)
 
@@ -329,21 +393,32 @@ def _checked(spec: TensorSpec, value: Any, device: Device):
     elif not isinstance(value, np.ndarray):
         name = backend_of(value)
         # bool cannot cross DLPack into ORT (kDLBool), so it goes through the host
-        if name != "numpy" and (device.kind == "cpu" or spec.dtype == "bool"
-                                or _registry.backend(name).device_of(value) != device):
+        if name != "numpy" and (
+            device.kind == "cpu" or spec.dtype == "bool" or _registry.backend(name).device_of(value) != device
+        ):
             value = _registry.backend(name).to_numpy(value)
     if spec.dtype == "string":
         dtype = "string"
     else:
         dtype = value.dtype.name if isinstance(value, np.ndarray) else np.dtype(_dtype_name(value)).name
     if dtype != spec.dtype:
-        raise InferenceError(message(f"Input {spec.name!r} has the wrong datatype", expected=spec.dtype,
-                                     received=dtype, fix=f"cast it to {spec.dtype}"))
+        raise InferenceError(
+            message(
+                f"Input {spec.name!r} has the wrong datatype",
+                expected=spec.dtype,
+                received=dtype,
+                fix=f"cast it to {spec.dtype}",
+            )
+        )
     shape = tuple(value.shape)
     if len(shape) != len(spec.shape) or any(w is not None and w != d for w, d in zip(spec.shape, shape)):
-        raise InferenceError(message(f"Input {spec.name!r} has the wrong shape",
-                                     expected=f"rank {len(spec.shape)}, shape {_show(spec.shape)}",
-                                     received=_show(shape)))
+        raise InferenceError(
+            message(
+                f"Input {spec.name!r} has the wrong shape",
+                expected=f"rank {len(spec.shape)}, shape {_show(spec.shape)}",
+                received=_show(shape),
+            )
+        )
     return value
 
 

@@ -29,12 +29,17 @@ ENV = "XDEVICE_TEST_BACKENDS"
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("xdevice")
-    group.addoption("--xdevice-backends", default=None,
-                    help=f"comma-separated backends for the `backend` fixture (or ${ENV}); "
-                         "default: every installed backend")
-    group.addoption("--xdevice-devices", default="cpu",
-                    help="comma-separated devices for the `device` fixture; 'auto' means cpu "
-                         "plus gpu:0 when there is a GPU (default: cpu)")
+    group.addoption(
+        "--xdevice-backends",
+        default=None,
+        help=f"comma-separated backends for the `backend` fixture (or ${ENV}); default: every installed backend",
+    )
+    group.addoption(
+        "--xdevice-devices",
+        default="cpu",
+        help="comma-separated devices for the `device` fixture; 'auto' means cpu "
+        "plus gpu:0 when there is a GPU (default: cpu)",
+    )
     parser.addini("xdevice_cpu_devices", "virtual CPU devices to configure before the tests", default="")
 
 
@@ -58,9 +63,11 @@ def selected_backends(config: pytest.Config | None = None) -> list[str]:
     names = [n.strip() for n in raw.split(",") if n.strip()]
     unknown = [n for n in names if n not in installed]
     if unknown:
-        raise pytest.UsageError(message(
-            "Unknown or uninstalled backend in --xdevice-backends / " + ENV,
-            received=unknown[0], choices=installed))
+        raise pytest.UsageError(
+            message(
+                "Unknown or uninstalled backend in --xdevice-backends / " + ENV, received=unknown[0], choices=installed
+            )
+        )
     return names
 
 
@@ -113,4 +120,3 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if item.get_closest_marker("gpu"):
             item.add_marker(skip)
-

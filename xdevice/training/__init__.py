@@ -20,16 +20,47 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["SGD", "Adam", "AdamW", "Batches", "BestCheckpoint", "CSVLogger", "Callback", "EarlyStopping", "History",
-           "LossScale", "Optimizer", "Replicas", "TensorBoard", "Trainer", "constant", "cosine", "estimate_memory",
-           "exponential", "fit", "one_cycle", "replicate", "step_decay"]
+__all__ = [
+    "SGD",
+    "Adam",
+    "AdamW",
+    "Batches",
+    "BestCheckpoint",
+    "CSVLogger",
+    "Callback",
+    "EarlyStopping",
+    "History",
+    "LossScale",
+    "Optimizer",
+    "Replicas",
+    "TensorBoard",
+    "Trainer",
+    "constant",
+    "cosine",
+    "estimate_memory",
+    "exponential",
+    "fit",
+    "one_cycle",
+    "replicate",
+    "step_decay",
+]
 
-_HOMES = {"Trainer": "trainer", "fit": "trainer", "SGD": "optimizers", "Adam": "optimizers",
-          "AdamW": "optimizers", "Optimizer": "optimizers", "Batches": "data", "History": "history",
-          "Replicas": "replication", "replicate": "replication", "LossScale": "precision",
-          **{name: "callbacks" for name in ("Callback", "EarlyStopping", "BestCheckpoint", "CSVLogger", "TensorBoard")},
-          **{name: "schedules" for name in ("constant", "cosine", "exponential", "one_cycle", "step_decay")},
-          "estimate_memory": "memory"}
+_HOMES = {
+    "Trainer": "trainer",
+    "fit": "trainer",
+    "SGD": "optimizers",
+    "Adam": "optimizers",
+    "AdamW": "optimizers",
+    "Optimizer": "optimizers",
+    "Batches": "data",
+    "History": "history",
+    "Replicas": "replication",
+    "replicate": "replication",
+    "LossScale": "precision",
+    **{name: "callbacks" for name in ("Callback", "EarlyStopping", "BestCheckpoint", "CSVLogger", "TensorBoard")},
+    **{name: "schedules" for name in ("constant", "cosine", "exponential", "one_cycle", "step_decay")},
+    "estimate_memory": "memory",
+}
 
 
 def __getattr__(name: str) -> Any:

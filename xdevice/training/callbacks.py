@@ -56,10 +56,14 @@ class _Monitor:
 
     def improved(self, logs: dict[str, Any]) -> bool:
         if self.monitor not in logs:
-            raise ConfigurationError(message(
-                f"The monitored value {self.monitor!r} is not in the epoch's record",
-                received=self.monitor, choices=sorted(k for k, v in logs.items() if isinstance(v, float)),
-                fix="monitor one of these; val_* needs fit(..., validation=(x, y))"))
+            raise ConfigurationError(
+                message(
+                    f"The monitored value {self.monitor!r} is not in the epoch's record",
+                    received=self.monitor,
+                    choices=sorted(k for k, v in logs.items() if isinstance(v, float)),
+                    fix="monitor one of these; val_* needs fit(..., validation=(x, y))",
+                )
+            )
         value = logs[self.monitor]
         better = value < self.best - self.min_delta if self.mode == "min" else value > self.best + self.min_delta
         if better:
@@ -72,8 +76,15 @@ class EarlyStopping(Callback, _Monitor):
     epochs in a row (at least one); ``restore_best`` puts back the weights of the best epoch (Keras's
     ``restore_best_weights``)."""
 
-    def __init__(self, monitor: str = "val_loss", *, patience: int = 0, min_delta: float = 0.0, mode: str = "min",
-                 restore_best: bool = False):
+    def __init__(
+        self,
+        monitor: str = "val_loss",
+        *,
+        patience: int = 0,
+        min_delta: float = 0.0,
+        mode: str = "min",
+        restore_best: bool = False,
+    ):
         _Monitor.__init__(self, monitor, mode, min_delta)
         self.patience, self.restore_best = patience, restore_best
         self.waited, self.stopped_epoch, self.best_weights = 0, None, None
@@ -130,8 +141,11 @@ class TensorBoard(Callback):
         try:
             from tensorboardX import SummaryWriter
         except ImportError:
-            raise ConfigurationError(message("TensorBoard logging needs tensorboardX", received="not installed",
-                                             fix="pip install 'xdevice[log]'")) from None
+            raise ConfigurationError(
+                message(
+                    "TensorBoard logging needs tensorboardX", received="not installed", fix="pip install 'xdevice[log]'"
+                )
+            ) from None
         self.writer_class, self.logdir, self.every, self.writer = SummaryWriter, logdir, every, None
 
     def on_fit_begin(self, trainer):
@@ -166,8 +180,15 @@ class Progress(Callback):
         if self.live:
             from tqdm import tqdm
 
-            self.bar = tqdm(total=self.total, initial=trainer.batch, desc=f"epoch {epoch}/{self.epochs}",
-                            file=self.stream, unit="step", dynamic_ncols=True, leave=False)
+            self.bar = tqdm(
+                total=self.total,
+                initial=trainer.batch,
+                desc=f"epoch {epoch}/{self.epochs}",
+                file=self.stream,
+                unit="step",
+                dynamic_ncols=True,
+                leave=False,
+            )
 
     def on_step_end(self, trainer, step, logs):
         if self.bar is not None:
@@ -179,8 +200,9 @@ class Progress(Callback):
         if self.bar is not None:
             self.bar.close()
             self.bar = None
-        shown = "  ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in logs.items()
-                          if k != "epoch")
+        shown = "  ".join(
+            f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in logs.items() if k != "epoch"
+        )
         self.stream.write(f"epoch {epoch}/{self.epochs}  {shown}\n")
         self.stream.flush()
 

@@ -46,13 +46,17 @@ def read(folder: str | os.PathLike) -> tuple[dict[str, Any], dict[str, Any], dic
     files = [folder / "model.safetensors", folder / "optimizer.safetensors", folder / "trainer.json"]
     missing = [str(f) for f in files if not f.is_file()]
     if missing:
-        raise ConfigurationError(message("Not a complete xdevice checkpoint", received=missing,
-                                         expected="model.safetensors, optimizer.safetensors, trainer.json",
-                                         fix="pass the folder Trainer.save wrote"))
+        raise ConfigurationError(
+            message(
+                "Not a complete xdevice checkpoint",
+                received=missing,
+                expected="model.safetensors, optimizer.safetensors, trainer.json",
+                fix="pass the folder Trainer.save wrote",
+            )
+        )
     record = json.loads(files[2].read_text())
     if record.get("format") != FORMAT:
-        raise ConfigurationError(message("Unknown checkpoint format", expected=FORMAT,
-                                         received=record.get("format")))
+        raise ConfigurationError(message("Unknown checkpoint format", expected=FORMAT, received=record.get("format")))
     return load_file(str(files[0])), load_file(str(files[1])), record
 
 

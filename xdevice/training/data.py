@@ -35,15 +35,27 @@ class Batches:
         shuffle: a new order each epoch, drawn from ``(seed, epoch)``.
     """
 
-    def __init__(self, x: Any, y: Any = None, *, batch_size: int = 32, shuffle: bool = True, seed: int = 0,
-                 drop_last: bool = False):
+    def __init__(
+        self,
+        x: Any,
+        y: Any = None,
+        *,
+        batch_size: int = 32,
+        shuffle: bool = True,
+        seed: int = 0,
+        drop_last: bool = False,
+    ):
         import numpy as np
 
         self.x, self.y = np.asarray(x), None if y is None else np.asarray(y)
         if self.y is not None and len(self.y) != len(self.x):
-            raise ConfigurationError(message("x and y have different numbers of rows",
-                                             expected="the same first dimension",
-                                             received=f"x {len(self.x)}, y {len(self.y)}"))
+            raise ConfigurationError(
+                message(
+                    "x and y have different numbers of rows",
+                    expected="the same first dimension",
+                    received=f"x {len(self.x)}, y {len(self.y)}",
+                )
+            )
         if not isinstance(batch_size, int) or batch_size < 1:
             raise ConfigurationError(message("batch_size must be a positive int", received=batch_size))
         self.batch_size, self.shuffle, self.seed, self.drop_last = batch_size, shuffle, seed, drop_last
@@ -56,10 +68,13 @@ class Batches:
         """The batches of ``epoch``, from batch number ``start`` (to resume mid-epoch)."""
         import numpy as np
 
-        order = np.random.default_rng([self.seed, epoch]).permutation(len(self.x)) if self.shuffle \
+        order = (
+            np.random.default_rng([self.seed, epoch]).permutation(len(self.x))
+            if self.shuffle
             else np.arange(len(self.x))
+        )
         for index in range(start, len(self)):
-            rows = order[index * self.batch_size:(index + 1) * self.batch_size]
+            rows = order[index * self.batch_size : (index + 1) * self.batch_size]
             yield self.x[rows], None if self.y is None else self.y[rows]
 
 
@@ -82,14 +97,19 @@ class _Iterable:
             if index < start:
                 continue
             if not (isinstance(batch, (tuple, list)) and len(batch) == 2):
-                raise ConfigurationError(message("Each batch must be a pair (inputs, targets)",
-                                                 received=type(batch).__name__))
+                raise ConfigurationError(
+                    message("Each batch must be a pair (inputs, targets)", received=type(batch).__name__)
+                )
             yield batch[0], batch[1]
         if count == 0 and epoch > 0:
-            raise ConfigurationError(message(
-                f"The data yielded no batches in epoch {epoch}: it can be iterated only once",
-                expected="a re-iterable (a list, a Dataset, a DataLoader)", received=type(self.source).__name__,
-                fix="pass a list or an object whose __iter__ starts over, or use epochs=1"))
+            raise ConfigurationError(
+                message(
+                    f"The data yielded no batches in epoch {epoch}: it can be iterated only once",
+                    expected="a re-iterable (a list, a Dataset, a DataLoader)",
+                    received=type(self.source).__name__,
+                    fix="pass a list or an object whose __iter__ starts over, or use epochs=1",
+                )
+            )
 
 
 def as_batches(data: Any, batch_size: int = 32, shuffle: bool = True, seed: int = 0) -> Batches | _Iterable:
@@ -100,8 +120,13 @@ def as_batches(data: Any, batch_size: int = 32, shuffle: bool = True, seed: int 
         return Batches(data[0], data[1], batch_size=batch_size, shuffle=shuffle, seed=seed)
     if hasattr(data, "__iter__"):
         return _Iterable(data)
-    raise ConfigurationError(message("Unsupported training data", expected="(x, y) arrays or an iterable "
-                                     "of (x, y) batches", received=type(data).__name__))
+    raise ConfigurationError(
+        message(
+            "Unsupported training data",
+            expected="(x, y) arrays or an iterable of (x, y) batches",
+            received=type(data).__name__,
+        )
+    )
 
 
 _DONE = object()

@@ -39,8 +39,9 @@ class History:
             matplotlib.use("Agg")
             import matplotlib.pyplot as plt
         except ImportError:
-            raise ConfigurationError(message("Plotting needs matplotlib", received="not installed",
-                                             fix="pip install 'xdevice[plot]'")) from None
+            raise ConfigurationError(
+                message("Plotting needs matplotlib", received="not installed", fix="pip install 'xdevice[plot]'")
+            ) from None
         figure, axis = plt.subplots(figsize=(6, 4))
         axis.plot(range(1, len(self.steps) + 1), self.steps, label="loss per step", alpha=0.5)
         per_epoch = len(self.steps) / max(len(self.epochs), 1)

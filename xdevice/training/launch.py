@@ -34,10 +34,20 @@ from xdevice._processes import join_processes, world
 __all__ = ["arguments", "join_processes", "launch", "world"]
 
 
-def arguments(script: str, args: list[str], nproc_per_node: int, *, nnodes: str | int = 1,
-            node_rank: int | None = None, master_addr: str | None = None, master_port: int | None = None,
-            max_restarts: int = 0, rdzv_backend: str = "c10d", rdzv_id: str | None = None,
-            log_dir: str | None = None) -> list[str]:
+def arguments(
+    script: str,
+    args: list[str],
+    nproc_per_node: int,
+    *,
+    nnodes: str | int = 1,
+    node_rank: int | None = None,
+    master_addr: str | None = None,
+    master_port: int | None = None,
+    max_restarts: int = 0,
+    rdzv_backend: str = "c10d",
+    rdzv_id: str | None = None,
+    log_dir: str | None = None,
+) -> list[str]:
     """torchrun's arguments that run ``python script args...`` under its agent.
 
     Raises:
@@ -45,23 +55,44 @@ def arguments(script: str, args: list[str], nproc_per_node: int, *, nnodes: str 
     """
     for name, value, low in (("nproc_per_node", nproc_per_node, 1), ("max_restarts", max_restarts, 0)):
         if isinstance(value, bool) or not isinstance(value, int) or value < low:
-            raise ConfigurationError(message(f"--{name.replace('_', '-')} must be an int of at least {low}",
-                                             received=value))
+            raise ConfigurationError(
+                message(f"--{name.replace('_', '-')} must be an int of at least {low}", received=value)
+            )
     nnodes = str(nnodes)
     if not re.fullmatch(r"[1-9]\d*(:[1-9]\d*)?", nnodes):
-        raise ConfigurationError(message("--nnodes is a node count or a range", expected="N or MIN:MAX, e.g. 2 or 1:4",
-                                         received=nnodes))
+        raise ConfigurationError(
+            message("--nnodes is a node count or a range", expected="N or MIN:MAX, e.g. 2 or 1:4", received=nnodes)
+        )
     if nnodes not in ("1", "1:1") and master_port is None:
-        raise ConfigurationError(message(
-            "Several nodes meet at a rendezvous endpoint", received=f"--nnodes {nnodes} without --master-port",
-            fix="give every node the same --master-addr (node 0's address) and --master-port"))
+        raise ConfigurationError(
+            message(
+                "Several nodes meet at a rendezvous endpoint",
+                received=f"--nnodes {nnodes} without --master-port",
+                fix="give every node the same --master-addr (node 0's address) and --master-port",
+            )
+        )
     if not os.path.isfile(script):  # before any process starts: one message, not one per rank
-        raise ConfigurationError(message("No training script at that path", expected="a Python file",
-                                         received=os.path.abspath(script),
-                                         fix="check the path (relative to where xdevice launch runs)"))
-    return _agent().arguments(script, list(args), nproc_per_node=nproc_per_node, nnodes=nnodes, node_rank=node_rank,
-                          master_addr=master_addr, master_port=master_port, max_restarts=max_restarts,
-                          rdzv_backend=rdzv_backend, rdzv_id=rdzv_id, log_dir=log_dir)
+        raise ConfigurationError(
+            message(
+                "No training script at that path",
+                expected="a Python file",
+                received=os.path.abspath(script),
+                fix="check the path (relative to where xdevice launch runs)",
+            )
+        )
+    return _agent().arguments(
+        script,
+        list(args),
+        nproc_per_node=nproc_per_node,
+        nnodes=nnodes,
+        node_rank=node_rank,
+        master_addr=master_addr,
+        master_port=master_port,
+        max_restarts=max_restarts,
+        rdzv_backend=rdzv_backend,
+        rdzv_id=rdzv_id,
+        log_dir=log_dir,
+    )
 
 
 def launch(script: str, args: list[str], nproc_per_node: int, **options) -> int:
@@ -74,7 +105,11 @@ def launch(script: str, args: list[str], nproc_per_node: int, **options) -> int:
 def _agent():
     """The torch backend's ``launch`` module: torchrun's command line and the workers' set-up."""
     if not _registry.is_installed("torch"):
-        raise ConfigurationError(message(
-            "xdevice launch runs on torchrun's elastic agent, which comes with PyTorch",
-            received="torch not installed", fix=f"{_registry.pip_line('torch')} (whatever the script trains with)"))
+        raise ConfigurationError(
+            message(
+                "xdevice launch runs on torchrun's elastic agent, which comes with PyTorch",
+                received="torch not installed",
+                fix=f"{_registry.pip_line('torch')} (whatever the script trains with)",
+            )
+        )
     return _registry.extension("torch", "launch")

@@ -54,6 +54,12 @@ def _lookup(value: str | Callable, table: dict[str, Callable], what: str) -> Cal
     if callable(value):
         return value
     if value not in table:
-        raise ConfigurationError(message(f"Unknown {what}", received=value, choices=sorted(table),
-                                         fix="pass one of these names, or a function (ops, outputs, targets)"))
+        raise ConfigurationError(
+            message(
+                f"Unknown {what}",
+                received=value,
+                choices=sorted(table),
+                fix="pass one of these names, or a function (ops, outputs, targets)",
+            )
+        )
     return table[value]

@@ -65,28 +65,43 @@ class MemoryEstimate:
         return None if self.available is None else self.needed <= self.available
 
     def __str__(self) -> str:
-        lines = [f"{self.model}: batch {self.batch} per device, {self.optimizer}, {self.precision}, "
-                 f"{self.backend} on {self.device}", ""]
+        lines = [
+            f"{self.model}: batch {self.batch} per device, {self.optimizer}, {self.precision}, "
+            f"{self.backend} on {self.device}",
+            "",
+        ]
         lines += [f"  {name:<22}{format_bytes(size):>12}" for name, size in self.parts.items()]
         lines.append(f"  {'total (arithmetic)':<22}{format_bytes(self.total):>12}")
         if self.measured:
             lines += ["", f"  measured: {self.how}"]
             lines += [f"  {name:<22}{format_bytes(size):>12}" for name, size in self.measured.items()]
         else:
-            lines += ["", f"  measured: nothing ({self.backend} offers no count on {self.device}; the arithmetic "
-                          "stands alone)"]
-        verdict = ("unknown" if self.fits is None else "fits" if self.fits else "does NOT fit")
-        lines += ["", f"  {format_bytes(self.needed)} needed; {self.available_from}: {format_bytes(self.available)}"
-                      f" -> {verdict}"]
+            lines += [
+                "",
+                f"  measured: nothing ({self.backend} offers no count on {self.device}; the arithmetic stands alone)",
+            ]
+        verdict = "unknown" if self.fits is None else "fits" if self.fits else "does NOT fit"
+        lines += [
+            "",
+            f"  {format_bytes(self.needed)} needed; {self.available_from}: {format_bytes(self.available)} -> {verdict}",
+        ]
         return "\n".join(lines)
 
     def as_dict(self) -> dict[str, Any]:
         return {**dataclasses.asdict(self), "total": self.total, "needed": self.needed, "fits": self.fits}
 
 
-def estimate_memory(model: Any, *, batch: int, optimizer: str = "adam", precision: str = "float32",
-                    backend: str | None = None, device: Any = "cpu", measure: bool = True,
-                    **spec: Any) -> MemoryEstimate:
+def estimate_memory(
+    model: Any,
+    *,
+    batch: int,
+    optimizer: str = "adam",
+    precision: str = "float32",
+    backend: str | None = None,
+    device: Any = "cpu",
+    measure: bool = True,
+    **spec: Any,
+) -> MemoryEstimate:
     """Per-device memory for training ``model`` (a zoo name such as ``"cnn"``, with ``spec``, or
     a zoo model) at ``batch`` rows per device with ``optimizer`` in ``precision``.
 
@@ -106,8 +121,9 @@ def estimate_memory(model: Any, *, batch: int, optimizer: str = "adam", precisio
     if precision not in PRECISIONS:
         raise ConfigurationError(message("Unknown precision", received=precision, choices=PRECISIONS))
     if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
-        raise ConfigurationError(message("batch is the rows per device", expected="an int of 1 or more",
-                                         received=batch))
+        raise ConfigurationError(
+            message("batch is the rows per device", expected="an int of 1 or more", received=batch)
+        )
     reference = models.build(model, **spec) if isinstance(model, str) else model.to("numpy")
     backend = backend or (reference.backend if isinstance(model, str) else model.backend)
     where = find(device, backend=backend)
@@ -125,8 +141,19 @@ def estimate_memory(model: Any, *, batch: int, optimizer: str = "adam", precisio
     if measure and backend != "numpy":
         how, measured = _measure(reference, backend, where, batch, optimizer, precision) or (None, None)
     available, available_from = _available(backend, where)
-    return MemoryEstimate(reference.name, backend, str(where), batch, optimizer, precision, parts, measured, how,
-                          available, available_from)
+    return MemoryEstimate(
+        reference.name,
+        backend,
+        str(where),
+        batch,
+        optimizer,
+        precision,
+        parts,
+        measured,
+        how,
+        available,
+        available_from,
+    )
 
 
 def _activations(model: Any, batch: int, item_bytes: int) -> int:
@@ -165,7 +192,9 @@ def _rows_bytes(model: Any, batch: int) -> int:
     return int(model.example_input(1).nbytes) * batch
 
 
-def _measure(reference: Any, backend: str, where: Any, rows: int, optimizer: str, precision: str) -> tuple[str, dict[str, int]] | None:
+def _measure(
+    reference: Any, backend: str, where: Any, rows: int, optimizer: str, precision: str
+) -> tuple[str, dict[str, int]] | None:
     """The framework's own count of one training step, on a copy of the model (zoo models
     end in class scores: the labels are class indices)."""
     import numpy as np

@@ -54,30 +54,43 @@ class Optimizer:
     #: names of the per-parameter state arrays (``state["m/<param>"]``)
     slots: ClassVar[tuple[str, ...]] = ()
 
-    def update(self, ops: Any, params: dict[str, Any], grads: dict[str, Any], state: dict[str, Any], *,
-               lr: Any = None, inplace: bool = False) -> tuple[dict[str, Any], dict[str, Any]]:
+    def update(
+        self,
+        ops: Any,
+        params: dict[str, Any],
+        grads: dict[str, Any],
+        state: dict[str, Any],
+        *,
+        lr: Any = None,
+        inplace: bool = False,
+    ) -> tuple[dict[str, Any], dict[str, Any]]:
         """New params and state after one step at rate ``lr`` (a number, or a scalar array
         inside a compiled step; default: ``self.lr`` when it is a number; the trainer passes
         its schedule's rate). With ``inplace`` a backend may write the new values into the
         arrays given (the trainer passes it: it keeps no old values)."""
         if lr is None:
             if isinstance(self.lr, Schedule):
-                raise ConfigurationError(message(
-                    "This optimizer's lr is a schedule, so update needs the step's rate",
-                    fix="update(..., lr=optimizer.schedule(step)), or train with xdevice.fit / Trainer"))
+                raise ConfigurationError(
+                    message(
+                        "This optimizer's lr is a schedule, so update needs the step's rate",
+                        fix="update(..., lr=optimizer.schedule(step)), or train with xdevice.fit / Trainer",
+                    )
+                )
             lr = self.lr
         step = ops.add(state["step"], ops.asarray(1, "int32"))
         names = list(params)
         slots = {slot: [state[f"{slot}/{name}"] for name in names] for slot in self.slots}
-        new_params, new_slots = self.apply(ops, [params[n] for n in names], [grads[n] for n in names],
-                                           slots, step, lr, inplace)
+        new_params, new_slots = self.apply(
+            ops, [params[n] for n in names], [grads[n] for n in names], slots, step, lr, inplace
+        )
         new_state = {"step": step}
         for slot, arrays in new_slots.items():
             new_state.update({f"{slot}/{name}": array for name, array in zip(names, arrays)})
         return dict(zip(names, new_params)), new_state
 
-    def apply(self, ops: Any, params: list, grads: list, slots: dict[str, list], step: Any, lr: Any,
-              inplace: bool) -> tuple[list, dict[str, list]]:
+    def apply(
+        self, ops: Any, params: list, grads: list, slots: dict[str, list], step: Any, lr: Any, inplace: bool
+    ) -> tuple[list, dict[str, list]]:
         """The rule over every parameter at once, through the op set's update for it (which a
         backend may fuse): ``(new params, new slots)``."""
         raise NotImplementedError
@@ -106,8 +119,16 @@ class SGD(Optimizer):
         return ("momentum",) if self.momentum else ()
 
     def apply(self, ops, params, grads, slots, step, lr, inplace):
-        params, buffers = ops.sgd_update(params, grads, slots.get("momentum"), lr=lr, momentum=self.momentum,
-                                         nesterov=self.nesterov, weight_decay=self.weight_decay, inplace=inplace)
+        params, buffers = ops.sgd_update(
+            params,
+            grads,
+            slots.get("momentum"),
+            lr=lr,
+            momentum=self.momentum,
+            nesterov=self.nesterov,
+            weight_decay=self.weight_decay,
+            inplace=inplace,
+        )
         return params, ({"momentum": buffers} if self.momentum else {})
 
 
@@ -125,9 +146,20 @@ class Adam(Optimizer):
     decoupled: ClassVar[bool] = False  # AdamW decays the params, not the gradient
 
     def apply(self, ops, params, grads, slots, step, lr, inplace):
-        params, m, v = ops.adam_update(params, grads, slots["m"], slots["v"], step, lr=lr, beta1=self.beta1,
-                                       beta2=self.beta2, eps=self.eps, weight_decay=self.weight_decay,
-                                       decoupled=self.decoupled, inplace=inplace)
+        params, m, v = ops.adam_update(
+            params,
+            grads,
+            slots["m"],
+            slots["v"],
+            step,
+            lr=lr,
+            beta1=self.beta1,
+            beta2=self.beta2,
+            eps=self.eps,
+            weight_decay=self.weight_decay,
+            decoupled=self.decoupled,
+            inplace=inplace,
+        )
         return params, {"m": m, "v": v}
 
 
@@ -152,12 +184,17 @@ def optimizer(value: str | Optimizer, **options: Any) -> Optimizer:
     if isinstance(value, Optimizer):
         return value
     if value not in _NAMES:
-        raise ConfigurationError(message("Unknown optimizer", received=value, choices=sorted(_NAMES),
-                                         fix="pass one of these names or an xdevice.training optimizer"))
+        raise ConfigurationError(
+            message(
+                "Unknown optimizer",
+                received=value,
+                choices=sorted(_NAMES),
+                fix="pass one of these names or an xdevice.training optimizer",
+            )
+        )
     kind = {"momentum": SGD}.get(value, _NAMES[value])
     valid = [f.name for f in dataclasses.fields(kind)]
     unknown = [k for k in options if k not in valid]
     if unknown:
-        raise ConfigurationError(message(f"Unknown option for optimizer {value!r}", received=unknown[0],
-                                         choices=valid))
+        raise ConfigurationError(message(f"Unknown option for optimizer {value!r}", received=unknown[0], choices=valid))
     return _NAMES[value](**options)

@@ -27,18 +27,27 @@ class LossScale:
     """``torch.amp.GradScaler``'s settings: ``init_scale``, ``growth_factor``,
     ``backoff_factor``, ``growth_interval``."""
 
-    init_scale: float = 2.0 ** 16
+    init_scale: float = 2.0**16
     growth_factor: float = 2.0
     backoff_factor: float = 0.5
     growth_interval: int = 2000
 
     def __post_init__(self):
-        if not (self.init_scale > 0 and self.growth_factor > 1 and 0 < self.backoff_factor < 1
-                and isinstance(self.growth_interval, int) and self.growth_interval >= 1):
-            raise ConfigurationError(message(
-                "Invalid loss scale settings", received=dataclasses.asdict(self),
-                expected="init_scale > 0, growth_factor > 1, 0 < backoff_factor < 1, growth_interval >= 1",
-                fix="LossScale() has torch.amp.GradScaler's defaults"))
+        if not (
+            self.init_scale > 0
+            and self.growth_factor > 1
+            and 0 < self.backoff_factor < 1
+            and isinstance(self.growth_interval, int)
+            and self.growth_interval >= 1
+        ):
+            raise ConfigurationError(
+                message(
+                    "Invalid loss scale settings",
+                    received=dataclasses.asdict(self),
+                    expected="init_scale > 0, growth_factor > 1, 0 < backoff_factor < 1, growth_interval >= 1",
+                    fix="LossScale() has torch.amp.GradScaler's defaults",
+                )
+            )
 
     def init(self, ops: Any) -> dict[str, Any]:
         return {"amp/scale": ops.asarray(self.init_scale, "float32"), "amp/good_steps": ops.zeros((), "int32")}
@@ -54,8 +63,11 @@ class LossScale:
         scale, good = state["amp/scale"], state["amp/good_steps"]
         good = ops.where(finite, ops.add(good, ops.asarray(1, "int32")), ops.zeros((), "int32"))
         grow = ops.equal(good, ops.asarray(self.growth_interval, "int32"))
-        scale = ops.where(finite, ops.where(grow, ops.multiply(scale, self.growth_factor), scale),
-                          ops.multiply(scale, self.backoff_factor))
+        scale = ops.where(
+            finite,
+            ops.where(grow, ops.multiply(scale, self.growth_factor), scale),
+            ops.multiply(scale, self.backoff_factor),
+        )
         good = ops.where(grow, ops.zeros((), "int32"), good)
         return {**state, "amp/scale": scale, "amp/good_steps": good}
 
@@ -72,5 +84,10 @@ def loss_scale(value: Any) -> LossScale:
         if unknown:
             raise ConfigurationError(message("Unknown loss scale setting", received=unknown[0], choices=valid))
         return LossScale(**value)
-    raise ConfigurationError(message("loss_scale takes a LossScale or a dict of its settings",
-                                     received=type(value).__name__, fix="loss_scale={'init_scale': 1024.0}"))
+    raise ConfigurationError(
+        message(
+            "loss_scale takes a LossScale or a dict of its settings",
+            received=type(value).__name__,
+            fix="loss_scale={'init_scale': 1024.0}",
+        )
+    )

@@ -26,16 +26,22 @@ from xdevice.backends.training import PRECISIONS, Program
 
 __all__ = ["PRECISIONS", "Program", "program", "staged"]
 
-_TRAINABLE = ("a zoo model, a model imported with from_onnx, a torch.nn.Module, a keras.Model / tf.Module, "
-              "or a JAX (apply, params) pair")
+_TRAINABLE = (
+    "a zoo model, a model imported with from_onnx, a torch.nn.Module, a keras.Model / tf.Module, "
+    "or a JAX (apply, params) pair"
+)
 
 
 class _Zoo(Program):
     def __init__(self, model, device: Device):
         if device != model.device:
             model.params, model.device = model.to(device=device).params, device
-        super().__init__(model.backend, device, {k: model.params[k] for k in model.trainable},
-                         {k: model.params[k] for k in model.buffers})
+        super().__init__(
+            model.backend,
+            device,
+            {k: model.params[k] for k in model.trainable},
+            {k: model.params[k] for k in model.buffers},
+        )
         self.model = model
 
     def run(self, params, buffers, x, train):
@@ -66,17 +72,19 @@ class _Stages(Program):
     def __init__(self, stages: list[Program]):
         names = {p.backend.name for p in stages}
         if len(names) != 1:
-            raise ConfigurationError(message("Every stage must come from the same framework",
-                                             received=sorted(names)))
+            raise ConfigurationError(message("Every stage must come from the same framework", received=sorted(names)))
         self.stages = stages
-        super().__init__(stages[0].backend.name, stages[0].device,
-                         {f"stage{i}/{k}": v for i, p in enumerate(stages) for k, v in p.params.items()},
-                         {f"stage{i}/{k}": v for i, p in enumerate(stages) for k, v in p.buffers.items()})
+        super().__init__(
+            stages[0].backend.name,
+            stages[0].device,
+            {f"stage{i}/{k}": v for i, p in enumerate(stages) for k, v in p.params.items()},
+            {f"stage{i}/{k}": v for i, p in enumerate(stages) for k, v in p.buffers.items()},
+        )
         self.forwards, self.whole = {}, None
 
     def _part(self, tree: dict, i: int) -> dict:
         prefix = f"stage{i}/"
-        return {k[len(prefix):]: v for k, v in tree.items() if k.startswith(prefix)}
+        return {k[len(prefix) :]: v for k, v in tree.items() if k.startswith(prefix)}
 
     def run(self, params, buffers, x, train):
         new_buffers = {}
@@ -115,15 +123,22 @@ def staged(model: Any, devices: list[Any]) -> Program:
         backend = _owner(model)
         cut = getattr(_registry.extension(backend.name, "training"), "split", None)
         if cut is None:
-            raise ConfigurationError(message(
-                "A layer-wise split needs a sequential model", received=type(model).__qualname__,
-                expected="a torch.nn.Sequential, or a list of stages (torch modules, JAX (apply, params) "
-                         "pairs, or Keras models built on their devices)",
-                fix="pass the model's stages as a list, one per device"))
+            raise ConfigurationError(
+                message(
+                    "A layer-wise split needs a sequential model",
+                    received=type(model).__qualname__,
+                    expected="a torch.nn.Sequential, or a list of stages (torch modules, JAX (apply, params) "
+                    "pairs, or Keras models built on their devices)",
+                    fix="pass the model's stages as a list, one per device",
+                )
+            )
         whole, model = model, cut(backend, model, [find(d, backend=backend.name) for d in devices])
     if len(model) != len(devices):
-        raise ConfigurationError(message("One device per stage", expected=f"{len(model)} devices",
-                                         received=f"{len(devices)}: {list(devices)}"))
+        raise ConfigurationError(
+            message(
+                "One device per stage", expected=f"{len(model)} devices", received=f"{len(devices)}: {list(devices)}"
+            )
+        )
     programs = []
     for i, (stage, where) in enumerate(zip(model, devices)):
         try:
@@ -141,9 +156,14 @@ class _Imported(Program):
 
     def __init__(self, model, device: Device | None):
         if device is not None and device != model.device:
-            raise ConfigurationError(message(
-                "An imported model trains on the device it was imported to", expected=str(model.device),
-                received=str(device), fix=f"from_onnx(..., backend={model.backend.name!r}, device={str(device)!r})"))
+            raise ConfigurationError(
+                message(
+                    "An imported model trains on the device it was imported to",
+                    expected=str(model.device),
+                    received=str(device),
+                    fix=f"from_onnx(..., backend={model.backend.name!r}, device={str(device)!r})",
+                )
+            )
         super().__init__(model.backend.name, model.device, dict(model.params), {})
         self.model = model
 
@@ -170,16 +190,25 @@ def program(model: Any, device: Any = None) -> Program:
     backend = _owner(model)
     adapters = _registry.extension(backend.name, "training")
     if adapters is None:
-        raise ConfigurationError(message(
-            f"{backend.title} models other than the zoo's cannot be trained", received=type(model).__qualname__,
-            expected=_TRAINABLE))
+        raise ConfigurationError(
+            message(
+                f"{backend.title} models other than the zoo's cannot be trained",
+                received=type(model).__qualname__,
+                expected=_TRAINABLE,
+            )
+        )
     return adapters.program(backend, model, None if device is None else find(device, backend=backend.name))
 
 
 def _owner(model: Any):
     found = _registry.owner(model)
     if found is None or found[1] != "model":
-        raise ConfigurationError(message(
-            "Cannot train this object", received=type(model).__qualname__, expected=_TRAINABLE,
-            choices=_registry.accepted("model")))
+        raise ConfigurationError(
+            message(
+                "Cannot train this object",
+                received=type(model).__qualname__,
+                expected=_TRAINABLE,
+                choices=_registry.accepted("model"),
+            )
+        )
     return found[0]

@@ -64,7 +64,7 @@ class Exponential(Schedule):
     gamma: float = 0.99
 
     def __call__(self, step: int) -> float:
-        return self.lr * self.gamma ** step
+        return self.lr * self.gamma**step
 
 
 @dataclasses.dataclass(frozen=True)
@@ -140,28 +140,44 @@ def exponential(lr: float, *, gamma: float) -> Schedule:
     return Exponential(_rate(lr), gamma)
 
 
-def cosine(lr: float, *, total_steps: int, warmup_steps: int = 0, start_factor: float = 1.0 / 3,
-           min_lr: float = 0.0) -> Schedule:
+def cosine(
+    lr: float, *, total_steps: int, warmup_steps: int = 0, start_factor: float = 1.0 / 3, min_lr: float = 0.0
+) -> Schedule:
     """Cosine decay to ``min_lr`` at ``total_steps``, after a linear warmup from ``lr * start_factor``."""
     if warmup_steps and not 0 < start_factor <= 1:
-        raise ConfigurationError(message("start_factor is the warmup's first rate as a fraction of lr",
-                                         expected="0 < start_factor <= 1", received=start_factor))
+        raise ConfigurationError(
+            message(
+                "start_factor is the warmup's first rate as a fraction of lr",
+                expected="0 < start_factor <= 1",
+                received=start_factor,
+            )
+        )
     if not 0 <= warmup_steps < _count("total_steps", total_steps):
-        raise ConfigurationError(message("warmup_steps must be fewer than total_steps",
-                                         expected=f"0 to {total_steps - 1}", received=warmup_steps))
+        raise ConfigurationError(
+            message(
+                "warmup_steps must be fewer than total_steps", expected=f"0 to {total_steps - 1}", received=warmup_steps
+            )
+        )
     return Cosine(_rate(lr), total_steps, warmup_steps, start_factor, min_lr)
 
 
-def one_cycle(max_lr: float, *, total_steps: int, pct_start: float = 0.3, div_factor: float = 25.0,
-              final_div_factor: float = 1e4, anneal: str = "cos") -> Schedule:
+def one_cycle(
+    max_lr: float,
+    *,
+    total_steps: int,
+    pct_start: float = 0.3,
+    div_factor: float = 25.0,
+    final_div_factor: float = 1e4,
+    anneal: str = "cos",
+) -> Schedule:
     """``OneCycleLR``: up to ``max_lr`` and down again over ``total_steps``."""
     if anneal not in ("cos", "linear"):
         raise ConfigurationError(message("Unknown anneal", received=anneal, choices=["cos", "linear"]))
     if not 0 < pct_start < 1:
-        raise ConfigurationError(message("pct_start is the fraction of steps spent rising",
-                                         expected="0 < pct_start < 1", received=pct_start))
-    return OneCycle(_rate(max_lr), _count("total_steps", total_steps), pct_start, div_factor, final_div_factor,
-                    anneal)
+        raise ConfigurationError(
+            message("pct_start is the fraction of steps spent rising", expected="0 < pct_start < 1", received=pct_start)
+        )
+    return OneCycle(_rate(max_lr), _count("total_steps", total_steps), pct_start, div_factor, final_div_factor, anneal)
 
 
 def schedule(lr: Any) -> Schedule:
@@ -175,9 +191,13 @@ def schedule(lr: Any) -> Schedule:
 
 def _rate(lr: Any) -> float:
     if isinstance(lr, bool) or not isinstance(lr, (int, float)) or not math.isfinite(lr) or lr < 0:
-        raise ConfigurationError(message(
-            "A learning rate is a number of 0 or more", received=lr,
-            fix="e.g. lr=1e-3, or a schedule such as xdevice.training.cosine(1e-3, total_steps=1000)"))
+        raise ConfigurationError(
+            message(
+                "A learning rate is a number of 0 or more",
+                received=lr,
+                fix="e.g. lr=1e-3, or a schedule such as xdevice.training.cosine(1e-3, total_steps=1000)",
+            )
+        )
     return float(lr)
 
 

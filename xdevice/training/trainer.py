@@ -35,8 +35,10 @@ from xdevice.training.callbacks import Callback, Progress
 from xdevice.training.data import Prefetcher, as_batches
 from xdevice.training.history import History
 from xdevice.training.losses import loss_function, metric_function
-from xdevice.training.optimizers import Optimizer, optimizer as make_optimizer
-from xdevice.training.precision import LossScale, loss_scale as make_loss_scale
+from xdevice.training.optimizers import Optimizer
+from xdevice.training.optimizers import optimizer as make_optimizer
+from xdevice.training.precision import LossScale
+from xdevice.training.precision import loss_scale as make_loss_scale
 from xdevice.training.programs import program, staged
 from xdevice.training.replication import replicate
 
@@ -75,16 +77,29 @@ class Trainer:
     passes each step's rate into the step, and a checkpoint records the schedule.
     """
 
-    def __init__(self, model: Any, loss: str | Callable = "cross_entropy", optimizer: str | Optimizer = "adam",
-                 *, device: Any = None, devices: Sequence[Any] | None = None,
-                 stages: Sequence[Any] | None = None, precision: str = "float32",
-                 metrics: Sequence[str | Callable] = ("accuracy",), jit: bool = True,
-                 clip_norm: float | None = None, clip_value: float | None = None, accumulate: int = 1,
-                 loss_scale: LossScale | dict | None = None, **optimizer_options: Any):
+    def __init__(
+        self,
+        model: Any,
+        loss: str | Callable = "cross_entropy",
+        optimizer: str | Optimizer = "adam",
+        *,
+        device: Any = None,
+        devices: Sequence[Any] | None = None,
+        stages: Sequence[Any] | None = None,
+        precision: str = "float32",
+        metrics: Sequence[str | Callable] = ("accuracy",),
+        jit: bool = True,
+        clip_norm: float | None = None,
+        clip_value: float | None = None,
+        accumulate: int = 1,
+        loss_scale: LossScale | dict | None = None,
+        **optimizer_options: Any,
+    ):
         chosen = {k: v for k, v in (("device", device), ("devices", devices), ("stages", stages)) if v is not None}
         if len(chosen) > 1:
-            raise ConfigurationError(message("Pass one of device=, devices= (data parallel) or stages= "
-                                             "(model parallel)", received=chosen))
+            raise ConfigurationError(
+                message("Pass one of device=, devices= (data parallel) or stages= (model parallel)", received=chosen)
+            )
         self.program = staged(model, list(stages)) if stages else program(model, devices[0] if devices else device)
         self.declared = _declared_input(model)
         self.program.set_precision(precision)
@@ -93,20 +108,37 @@ class Trainer:
         self.loss = loss_function(loss)
         if loss != "cross_entropy":
             metrics = [m for m in metrics if m != "accuracy"]  # accuracy needs class labels
-        self.metrics = {m if isinstance(m, str) else getattr(m, "__name__", f"metric{i}"): metric_function(m)
-                        for i, m in enumerate(metrics)}
+        self.metrics = {
+            m if isinstance(m, str) else getattr(m, "__name__", f"metric{i}"): metric_function(m)
+            for i, m in enumerate(metrics)
+        }
         for name, limit in (("clip_norm", clip_norm), ("clip_value", clip_value)):
             if limit is not None and (isinstance(limit, bool) or not isinstance(limit, (int, float)) or limit <= 0):
-                raise ConfigurationError(message(f"{name} is a positive number", received=limit,
-                                                 fix=f"e.g. {name}=1.0, or leave it out for no clipping"))
+                raise ConfigurationError(
+                    message(
+                        f"{name} is a positive number",
+                        received=limit,
+                        fix=f"e.g. {name}=1.0, or leave it out for no clipping",
+                    )
+                )
         self.clip_norm, self.clip_value = clip_norm, clip_value
         if isinstance(accumulate, bool) or not isinstance(accumulate, int) or accumulate < 1:
-            raise ConfigurationError(message("accumulate is how many batches make one optimizer step",
-                                             expected="an int of 1 or more", received=accumulate))
+            raise ConfigurationError(
+                message(
+                    "accumulate is how many batches make one optimizer step",
+                    expected="an int of 1 or more",
+                    received=accumulate,
+                )
+            )
         self.accumulate = accumulate
         if loss_scale is not None and precision != "float16":
-            raise ConfigurationError(message("loss_scale applies to float16 only", received=f"precision={precision!r}",
-                                             fix="pass precision='float16', or leave loss_scale out"))
+            raise ConfigurationError(
+                message(
+                    "loss_scale applies to float16 only",
+                    received=f"precision={precision!r}",
+                    fix="pass precision='float16', or leave loss_scale out",
+                )
+            )
         self.scaler = make_loss_scale(loss_scale) if precision == "float16" else None
         self.optimizer = make_optimizer(optimizer, **optimizer_options)
         self.schedule = self.optimizer.schedule
@@ -127,7 +159,8 @@ class Trainer:
         if accumulate > 1:
             self._accumulate, self._apply_total = compile_step(self._accumulate_step), compile_step(self._apply_step)
             self._zeros = self._placed(  # beside each parameter (stages: on its stage's device)
-                {k: self.ops.zeros(self.ops.shape(v), self.ops.dtype(v)) for k, v in self.program.params.items()})
+                {k: self.ops.zeros(self.ops.shape(v), self.ops.dtype(v)) for k, v in self.program.params.items()}
+            )
             self._total, self._group = self._zeros, []  # the summed gradients, (rows, loss, metrics) so far
         self._evaluate = compile_(self._eval_step)
 
@@ -175,15 +208,18 @@ class Trainer:
     def _accumulate_step(self, params, buffers, state, total, x, y, rows):
         """One batch of an accumulated step: its gradient, times its rows, added to ``total``."""
         buffers, grads, loss, metrics = self._gradients(params, buffers, state, x, y)
-        total = {k: self.ops.add(total[k], self.ops.multiply(g, self.ops.cast(rows, self.ops.dtype(g))))
-                 for k, g in grads.items()}
+        total = {
+            k: self.ops.add(total[k], self.ops.multiply(g, self.ops.cast(rows, self.ops.dtype(g))))
+            for k, g in grads.items()
+        }
         return buffers, total, loss, metrics
 
     def _apply_step(self, params, state, total, rows, lr):
         """The optimizer's step on the accumulated gradients' row-weighted mean."""
         ops = self.ops
-        return self._apply(params, state, {k: ops.divide(g, ops.cast(rows, ops.dtype(g))) for k, g in total.items()},
-                           lr)
+        return self._apply(
+            params, state, {k: ops.divide(g, ops.cast(rows, ops.dtype(g))) for k, g in total.items()}, lr
+        )
 
     def _clipped(self, grads: dict) -> dict:
         """Gradient clipping as torch.nn.utils does it: by value first, then by global norm."""
@@ -215,8 +251,9 @@ class Trainer:
             lr = self._argument(self.schedule(self.step_count))
             p.params, p.buffers, self.state, loss, metrics = self._train(p.params, p.buffers, self.state, x, y, lr)
             return self._stepped({"loss": loss, **metrics}, rows)
-        p.buffers, self._total, loss, metrics = self._accumulate(p.params, p.buffers, self.state, self._total,
-                                                                 x, y, self._argument(rows))
+        p.buffers, self._total, loss, metrics = self._accumulate(
+            p.params, p.buffers, self.state, self._total, x, y, self._argument(rows)
+        )
         self._group.append((rows, self._float(loss), {k: self._float(v) for k, v in metrics.items()}))
         return self._finish_group() if len(self._group) == self.accumulate or last else None
 
@@ -226,8 +263,10 @@ class Trainer:
         rows = sum(n for n, _, _ in group)
         lr = self._argument(self.schedule(self.step_count))
         p.params, self.state, skipped = self._apply_total(p.params, self.state, self._total, self._argument(rows), lr)
-        metrics = {key: sum(n * (loss if key == "loss" else seen[key]) for n, loss, seen in group) / rows
-                   for key in ("loss", *group[0][2])}
+        metrics = {
+            key: sum(n * (loss if key == "loss" else seen[key]) for n, loss, seen in group) / rows
+            for key in ("loss", *group[0][2])
+        }
         self._total, self._group = self._zeros, []
         return self._stepped({**metrics, **skipped}, rows)
 
@@ -244,9 +283,21 @@ class Trainer:
 
     # -- loops ----------------------------------------------------------------------------
 
-    def fit(self, data: Any, epochs: int = 1, *, batch_size: int = 32, shuffle: bool = True, seed: int = 0,
-            validation: Any = None, prefetch: int = 2, steps: int | None = None, verbose: int = 1,
-            checkpoint_dir: str | None = None, callbacks: Sequence[Callback] = ()) -> History:
+    def fit(
+        self,
+        data: Any,
+        epochs: int = 1,
+        *,
+        batch_size: int = 32,
+        shuffle: bool = True,
+        seed: int = 0,
+        validation: Any = None,
+        prefetch: int = 2,
+        steps: int | None = None,
+        verbose: int = 1,
+        checkpoint_dir: str | None = None,
+        callbacks: Sequence[Callback] = (),
+    ) -> History:
         """Train until ``epochs`` epochs are complete (counted from the start; see the module).
 
         Args:
@@ -265,10 +316,15 @@ class Trainer:
         """
         _check_input(self.declared, data)
         if self.epoch >= epochs:  # epochs is a total: a resumed run that reached it has nothing to do
-            warnings.warn(message(
-                f"Nothing to train: this trainer has already completed {self.epoch} epoch(s), and epochs={epochs} "
-                "is the total to reach, not a number to add",
-                fix=f"fit(data, epochs={self.epoch + epochs}) trains {epochs} more"), UserWarning, stacklevel=2)
+            warnings.warn(
+                message(
+                    f"Nothing to train: this trainer has already completed {self.epoch} epoch(s), and epochs={epochs} "
+                    "is the total to reach, not a number to add",
+                    fix=f"fit(data, epochs={self.epoch + epochs}) trains {epochs} more",
+                ),
+                UserWarning,
+                stacklevel=2,
+            )
             return self.history
         source = as_batches(data, batch_size, shuffle, seed)
         self.seed = seed
@@ -326,8 +382,9 @@ class Trainer:
         self.history.model = self.program.result()
         return self.history
 
-    def _record(self, done: tuple[float, dict[str, float], int], sums: dict[str, float],
-                callbacks: list[Callback]) -> None:
+    def _record(
+        self, done: tuple[float, dict[str, float], int], sums: dict[str, float], callbacks: list[Callback]
+    ) -> None:
         """An optimizer step into the epoch's sums (``skipped``: a count, ``lr``: the last
         rate, the rest weighted by rows), the history and the callbacks."""
         loss, metrics, rows = done
@@ -376,19 +433,31 @@ class Trainer:
         several processes, rank 0 writes it: every rank holds the same values); the learning
         rate schedule is part of the optimizer's record."""
         if self.accumulate > 1 and self._group:
-            raise ConfigurationError(message(
-                "A checkpoint is written between optimizer steps, and this one has "
-                f"{len(self._group)} of its {self.accumulate} accumulated batches",
-                fix=f"save after {self.accumulate - len(self._group)} more step() call(s); fit saves between steps"))
+            raise ConfigurationError(
+                message(
+                    "A checkpoint is written between optimizer steps, and this one has "
+                    f"{len(self._group)} of its {self.accumulate} accumulated batches",
+                    fix=f"save after {self.accumulate - len(self._group)} more step() call(s); fit saves between steps",
+                )
+            )
         if self.replicas.rank != 0:
             return
         p, to_numpy = self.program, self.ops.to_numpy
-        arrays = {**{f"param/{k}": to_numpy(v) for k, v in p.params.items()},
-                  **{f"buffer/{k}": to_numpy(v) for k, v in p.buffers.items()}}
-        record = {"step": self.step_count, "epoch": self.epoch, "batch": self.batch, "seed": self.seed,
-                  "optimizer": self.optimizer.config(), "loss": self.loss_name, "precision": self.program.precision,
-                  "backend": self.backend.name,
-                  "history": {"epochs": self.history.epochs, "steps": self.history.steps}}
+        arrays = {
+            **{f"param/{k}": to_numpy(v) for k, v in p.params.items()},
+            **{f"buffer/{k}": to_numpy(v) for k, v in p.buffers.items()},
+        }
+        record = {
+            "step": self.step_count,
+            "epoch": self.epoch,
+            "batch": self.batch,
+            "seed": self.seed,
+            "optimizer": self.optimizer.config(),
+            "loss": self.loss_name,
+            "precision": self.program.precision,
+            "backend": self.backend.name,
+            "history": {"epochs": self.history.epochs, "steps": self.history.steps},
+        }
         checkpoint.write(folder, arrays, {k: to_numpy(v) for k, v in self.state.items()}, record)
 
     def load(self, folder: str) -> Trainer:
@@ -402,15 +471,26 @@ class Trainer:
         expected = {f"param/{k}" for k in p.params} | {f"buffer/{k}" for k in p.buffers}
         if set(arrays) != expected or set(state) != set(self.state):
             wrong = sorted(set(arrays) ^ expected) or sorted(set(state) ^ set(self.state))
-            raise ConfigurationError(message("The checkpoint does not match this model and optimizer",
-                                             received=wrong[:5], fix="build the same model and optimizer first"))
+            raise ConfigurationError(
+                message(
+                    "The checkpoint does not match this model and optimizer",
+                    received=wrong[:5],
+                    fix="build the same model and optimizer first",
+                )
+            )
         mine = self.optimizer.config()
         if record["optimizer"] != mine:  # the learning rate's schedule included
-            differ = [k for k in sorted(set(mine) | set(record["optimizer"])) if mine.get(k) != record["optimizer"].get(k)]
-            raise ConfigurationError(message(
-                "The checkpoint used another optimizer", expected=str({k: mine.get(k) for k in differ}),
-                received={k: record["optimizer"].get(k) for k in differ},
-                fix="build the optimizer (and its lr schedule) the checkpointed run used"))
+            differ = [
+                k for k in sorted(set(mine) | set(record["optimizer"])) if mine.get(k) != record["optimizer"].get(k)
+            ]
+            raise ConfigurationError(
+                message(
+                    "The checkpoint used another optimizer",
+                    expected=str({k: mine.get(k) for k in differ}),
+                    received={k: record["optimizer"].get(k) for k in differ},
+                    fix="build the optimizer (and its lr schedule) the checkpointed run used",
+                )
+            )
         p.params = self._placed({k: arrays[f"param/{k}"] for k in p.params})
         p.buffers = self._placed({k: arrays[f"buffer/{k}"] for k in p.buffers})
         p.write_back()
@@ -433,8 +513,9 @@ class Trainer:
         placed = {}
         for name, value in arrays.items():
             where = self.program.device_for(name)
-            placed[name] = self.ops.asarray(value) if where is None else self.backend.to_device(
-                self.ops.asarray(value), where)
+            placed[name] = (
+                self.ops.asarray(value) if where is None else self.backend.to_device(self.ops.asarray(value), where)
+            )
         return self.replicas.place_params(placed)
 
     def _float(self, value: Any) -> float:
@@ -463,20 +544,40 @@ def _check_input(declared: Any, data: Any) -> None:
     want = f"{declared.dtype}[rows, {', '.join(map(str, declared.shape[1:]))}]"
     got = f"{np.dtype(getattr(x, 'dtype', 'float32')).name}{list(x.shape)}"
     if len(x.shape) != declared.ndim or (not tokens and tuple(x.shape[1:]) != declared.shape[1:]):
-        raise ConfigurationError(message(
-            "x does not have the shape of the model's input", expected=want, received=got,
-            fix=f"reshape x to (rows, {', '.join(map(str, declared.shape[1:]))}); model.example_input(n) shows one"))
+        raise ConfigurationError(
+            message(
+                "x does not have the shape of the model's input",
+                expected=want,
+                received=got,
+                fix=f"reshape x to (rows, {', '.join(map(str, declared.shape[1:]))}); model.example_input(n) shows one",
+            )
+        )
     kind = np.dtype(getattr(x, "dtype", "float32"))
     if (tokens and not np.issubdtype(kind, np.integer)) or (not tokens and kind != declared.dtype):
-        raise ConfigurationError(message(
-            "x does not have the dtype of the model's input", expected=want, received=got,
-            fix=f"x.astype({declared.dtype.name!r})"))
+        raise ConfigurationError(
+            message(
+                "x does not have the dtype of the model's input",
+                expected=want,
+                received=got,
+                fix=f"x.astype({declared.dtype.name!r})",
+            )
+        )
 
 
-def fit(model: Any, data: Any, *, loss: str | Callable = "cross_entropy", optimizer: str | Optimizer = "adam",
-        epochs: int = 1, device: Any = None, devices: Sequence[Any] | None = None,
-        stages: Sequence[Any] | None = None, precision: str = "float32",
-        metrics: Sequence[str | Callable] = ("accuracy",), **options: Any) -> History:
+def fit(
+    model: Any,
+    data: Any,
+    *,
+    loss: str | Callable = "cross_entropy",
+    optimizer: str | Optimizer = "adam",
+    epochs: int = 1,
+    device: Any = None,
+    devices: Sequence[Any] | None = None,
+    stages: Sequence[Any] | None = None,
+    precision: str = "float32",
+    metrics: Sequence[str | Callable] = ("accuracy",),
+    **options: Any,
+) -> History:
     """Train ``model`` on ``data`` for ``epochs``; see :class:`Trainer` and :meth:`Trainer.fit`.
 
     Optimizer settings (``lr``, ``momentum``, ``weight_decay``...) and fit settings
@@ -485,6 +586,15 @@ def fit(model: Any, data: Any, *, loss: str | Callable = "cross_entropy", optimi
     fit_keys = set(inspect.signature(Trainer.fit).parameters) - {"self", "data", "epochs"}
     fit_options = {k: v for k, v in options.items() if k in fit_keys}
     optimizer_options = {k: v for k, v in options.items() if k not in fit_keys}
-    trainer = Trainer(model, loss, optimizer, device=device, devices=devices, stages=stages, precision=precision,
-                      metrics=metrics, **optimizer_options)
+    trainer = Trainer(
+        model,
+        loss,
+        optimizer,
+        device=device,
+        devices=devices,
+        stages=stages,
+        precision=precision,
+        metrics=metrics,
+        **optimizer_options,
+    )
     return trainer.fit(data, epochs, **fit_options)

@@ -6,14 +6,14 @@ import numpy as np
 
 from xdevice._errors import UnsupportedOp, message
 
-
 _FLOATS = ("float16", "bfloat16", "float32", "float64")
 _HALF = ("float16", "bfloat16")
 
 
 def _unsupported(node, what: str, received, choices=None):
-    raise UnsupportedOp(message(f"{node.op} node {node.name!r}: unsupported {what}", received=received,
-                                choices=choices))
+    raise UnsupportedOp(
+        message(f"{node.op} node {node.name!r}: unsupported {what}", received=received, choices=choices)
+    )
 
 
 def _wide(ops, x):

@@ -9,10 +9,16 @@ import math
 import numpy as np
 
 from xdevice._errors import UnsupportedOp, message
-from xdevice.converters.importer.handlers._nn import _bias_where, _isneginf, _rank, _split_heads, _static_bias, _unsupported
+from xdevice.converters.importer.handlers._nn import (
+    _bias_where,
+    _isneginf,
+    _rank,
+    _split_heads,
+    _static_bias,
+    _unsupported,
+)
 from xdevice.converters.importer.interpreter import onnx_dtype
 from xdevice.converters.importer.registry import handler
-
 
 # -- attention --------------------------------------------------------------------------------
 
@@ -26,8 +32,9 @@ def _masked_softmax(ops, x):
     return ops.divide(e, ops.where(ops.equal(total, 0), ops.ones((), ops.dtype(total)), total))
 
 
-def _attention(ctx, node, q, k, v, mask=None, past_key=None, past_value=None, nonpad=None,
-               left: int = -1, right: int = -1):
+def _attention(
+    ctx, node, q, k, v, mask=None, past_key=None, past_value=None, nonpad=None, left: int = -1, right: int = -1
+):
     """ONNX Attention (23-25), following the reference step by step: Q and K each scaled by
     ``sqrt(scale)``, softcap before the additive bias, a bias that sums the mask (a bool
     mask contributes -inf where False), the bottom-right causal frontier, the sliding
@@ -39,8 +46,12 @@ def _attention(ctx, node, q, k, v, mask=None, past_key=None, past_value=None, no
     if three_d:
         q_heads, kv_heads = node.attr("q_num_heads"), node.attr("kv_num_heads")
         if not q_heads or not kv_heads:
-            raise UnsupportedOp(message(f"Attention node {node.name!r} has 3-D inputs but no head counts",
-                                        expected="q_num_heads and kv_num_heads attributes"))
+            raise UnsupportedOp(
+                message(
+                    f"Attention node {node.name!r} has 3-D inputs but no head counts",
+                    expected="q_num_heads and kv_num_heads attributes",
+                )
+            )
         q, k, v = _split_heads(ops, q, q_heads), _split_heads(ops, k, kv_heads), _split_heads(ops, v, kv_heads)
     batch, q_heads, q_len, head = ops.shape(q)
     scale = node.attr("scale", None)
@@ -87,9 +98,11 @@ def _attention(ctx, node, q, k, v, mask=None, past_key=None, past_value=None, no
             offset = ops.reshape(ops.subtract(ops.cast(nonpad, "int64"), q_len), (-1, 1, 1, 1))
             diff = ops.subtract(ops.add(ops.asarray(rows, dtype="int64"), offset), ops.asarray(cols, dtype="int64"))
             allowed = None
-            for ok in ([ops.greater_equal(diff, 0)] if causal else []) + \
-                      ([ops.less_equal(diff, left)] if left >= 0 else []) + \
-                      ([ops.less_equal(ops.negative(diff), right)] if right >= 0 else []):
+            for ok in (
+                ([ops.greater_equal(diff, 0)] if causal else [])
+                + ([ops.less_equal(diff, left)] if left >= 0 else [])
+                + ([ops.less_equal(ops.negative(diff), right)] if right >= 0 else [])
+            ):
                 allowed = ok if allowed is None else ops.logical_and(allowed, ok)
             add(_bias_where(ops, allowed, dtype))
     if nonpad is not None:
@@ -99,8 +112,10 @@ def _attention(ctx, node, q, k, v, mask=None, past_key=None, past_value=None, no
     kv_heads = ops.shape(k)[1]
     if kv_heads != q_heads:  # grouped-query attention: each KV head serves q_heads // kv_heads
         reps = q_heads // kv_heads
-        repeat = lambda t: ops.reshape(ops.broadcast_to(ops.expand_dims(t, 2), (batch, kv_heads, reps, *ops.shape(t)[2:])),  # noqa: E731
-                                       (batch, q_heads, *ops.shape(t)[2:]))
+        repeat = lambda t: ops.reshape(
+            ops.broadcast_to(ops.expand_dims(t, 2), (batch, kv_heads, reps, *ops.shape(t)[2:])),
+            (batch, q_heads, *ops.shape(t)[2:]),
+        )
         k, v = repeat(k), repeat(v)
     # scalars as arrays of the inputs' dtype: the numpy backend promotes bfloat16 with a
     # Python float (and its matmul) to float32
@@ -147,8 +162,19 @@ def attention_24(ctx, node, q, k, v, attn_mask=None, past_key=None, past_value=N
 @handler("Attention", since=25)
 def attention_25(ctx, node, q, k, v, attn_mask=None, past_key=None, past_value=None, nonpad_kv_seqlen=None):
     """Version 25 adds the ``left_window_size`` / ``right_window_size`` sliding window."""
-    return _attention(ctx, node, q, k, v, attn_mask, past_key, past_value, nonpad_kv_seqlen,
-                      node.attr("left_window_size", -1), node.attr("right_window_size", -1))
+    return _attention(
+        ctx,
+        node,
+        q,
+        k,
+        v,
+        attn_mask,
+        past_key,
+        past_value,
+        nonpad_kv_seqlen,
+        node.attr("left_window_size", -1),
+        node.attr("right_window_size", -1),
+    )
 
 
 @handler("RotaryEmbedding", since=23)
@@ -162,8 +188,12 @@ def rotary_embedding(ctx, node, x, cos_cache, sin_cache, position_ids=None):
     else:
         heads = node.attr("num_heads", 0)
         if not heads:
-            raise UnsupportedOp(message(f"RotaryEmbedding node {node.name!r} has a 3-D input but no num_heads",
-                                        expected="the num_heads attribute"))
+            raise UnsupportedOp(
+                message(
+                    f"RotaryEmbedding node {node.name!r} has a 3-D input but no num_heads",
+                    expected="the num_heads attribute",
+                )
+            )
         x = ops.reshape(x, (shape[0], shape[1], heads, shape[2] // heads))
     head = ops.shape(x)[3]
     dim = node.attr("rotary_embedding_dim", 0) or head

@@ -42,19 +42,27 @@ def if_(ctx, node, condition):
     if known is not None:
         return tuple(ctx.run(then if _flag(known) else otherwise, ctx.values, []))
     names = _outer(ctx, then, otherwise)
-    arrays = [lambda *operands, branch=branch: [ctx.array(v) for v in ctx.run(branch, _scope(ctx, names, operands), [])]
-              for branch in (then, otherwise)]
-    return _compiled(ctx, node, lambda: ctx.ops.cond(ctx.array(condition), *arrays,
-                                                     tuple(ctx.values[n] for n in names)),
-                     "both branches give outputs of the same shapes and dtypes")
+    arrays = [
+        lambda *operands, branch=branch: [ctx.array(v) for v in ctx.run(branch, _scope(ctx, names, operands), [])]
+        for branch in (then, otherwise)
+    ]
+    return _compiled(
+        ctx,
+        node,
+        lambda: ctx.ops.cond(ctx.array(condition), *arrays, tuple(ctx.values[n] for n in names)),
+        "both branches give outputs of the same shapes and dtypes",
+    )
 
 
 def _outer(ctx, *graphs) -> list[str]:
     """The outer values the subgraphs read that are arrays of the framework (not constants):
     its control-flow op takes them as operands."""
     names = dict.fromkeys(n for g in graphs for n in g.outer_names)
-    return [n for n in names if n in ctx.values and not is_static(ctx.values[n])
-            and not isinstance(ctx.values[n], (list, Optional))]
+    return [
+        n
+        for n in names
+        if n in ctx.values and not is_static(ctx.values[n]) and not isinstance(ctx.values[n], (list, Optional))
+    ]
 
 
 def _scope(ctx, names: list[str], operands) -> dict:
@@ -68,12 +76,15 @@ def _compiled(ctx, node, build, needs: str):
         return tuple(build())
     except ConversionError:
         raise
-    except Exception as error:  # noqa: BLE001 - each framework raises its own type
-        raise ConversionError(message(
-            f"{node.op} node {node.name!r} depends on a value known only at run time, so it becomes "
-            f"{ctx.backend.name}'s own control flow, which needs {needs}",
-            received=f"{type(error).__name__}: {str(error).strip().splitlines()[0] if str(error).strip() else ''}",
-            fix="run the model eagerly, or make the condition a constant")) from error
+    except Exception as error:
+        raise ConversionError(
+            message(
+                f"{node.op} node {node.name!r} depends on a value known only at run time, so it becomes "
+                f"{ctx.backend.name}'s own control flow, which needs {needs}",
+                received=f"{type(error).__name__}: {str(error).strip().splitlines()[0] if str(error).strip() else ''}",
+                fix="run the model eagerly, or make the condition a constant",
+            )
+        ) from error
 
 
 def _empty_scan_output(ctx, node, graph, index: int):
@@ -82,9 +93,13 @@ def _empty_scan_output(ctx, node, graph, index: int):
     tensor_type = graph.proto.output[index].type.tensor_type
     dims = [d.dim_value if d.HasField("dim_value") else None for d in tensor_type.shape.dim]
     if None in dims:
-        raise ConversionError(message(f"{node.op} node {node.name!r} ran zero iterations and its body does not "
-                                      "declare the shape of scan output " + graph.outputs[index],
-                                      fix="give the body's outputs static shapes"))
+        raise ConversionError(
+            message(
+                f"{node.op} node {node.name!r} ran zero iterations and its body does not "
+                "declare the shape of scan output " + graph.outputs[index],
+                fix="give the body's outputs static shapes",
+            )
+        )
     return ctx.ops.zeros((0, *dims), onnx_dtype(tensor_type.elem_type))
 
 
@@ -117,12 +132,14 @@ def loop(ctx, node, trip_count=None, condition=None, *initial):
         if known is None:  # the condition turned out to be computed from a traced input
             return _while(ctx, node, trip_count, condition, list(initial))
         going = _flag(known)
-        carried = outputs[1:1 + len(carried)]
-        for collected, value in zip(scans, outputs[1 + len(carried):]):
+        carried = outputs[1 : 1 + len(carried)]
+        for collected, value in zip(scans, outputs[1 + len(carried) :]):
             collected.append(value)
         iteration += 1
-    stacked = [_stack(ctx, values) if values else _empty_scan_output(ctx, node, body, 1 + len(carried) + k)
-               for k, values in enumerate(scans)]
+    stacked = [
+        _stack(ctx, values) if values else _empty_scan_output(ctx, node, body, 1 + len(carried) + k)
+        for k, values in enumerate(scans)
+    ]
     return tuple(carried + stacked)
 
 
@@ -130,24 +147,29 @@ def _while(ctx, node, trip_count, condition, initial: list):
     """``Loop`` as the framework's while loop, over the state ``(iteration, condition,
     *carried, *scan buffers)``; each scan output is written into a buffer of trip-count rows."""
     ops, body = ctx.ops, node.attr("body")
-    start = [ops.asarray(0, "int64"), ops.asarray(True, "bool") if condition is None
-             else ops.reshape(ops.cast(ctx.array(condition), "bool"), ())]
+    start = [
+        ops.asarray(0, "int64"),
+        ops.asarray(True, "bool") if condition is None else ops.reshape(ops.cast(ctx.array(condition), "bool"), ()),
+    ]
     carried = [ctx.array(v) for v in initial]
     scans = len(body.outputs) - 1 - len(carried)
     limit = ops.asarray(-1, "int64") if trip_count is None else ops.reshape(ctx.array(trip_count), ())
     names = _outer(ctx, body)
     buffers = []
-    if any(node.read[len(carried):]):  # scan outputs nothing reads are not kept
+    if any(node.read[len(carried) :]):  # scan outputs nothing reads are not kept
         rows, every = _scan_rows(ctx, node, trip_count, condition)
-        probe = ctx.run(body, ctx.values, [*start, *carried])[1 + len(carried):]
+        probe = ctx.run(body, ctx.values, [*start, *carried])[1 + len(carried) :]
         try:
             buffers = [ops.zeros((rows, *ops.shape(ctx.array(v))), ops.dtype(ctx.array(v))) for v in probe]
-        except Exception as error:  # noqa: BLE001 - a framework whose shapes cannot hold a traced size
-            raise ConversionError(message(
-                f"Loop node {node.name!r} stacks scan outputs over a trip count computed from data, which "
-                f"{ctx.backend.name} cannot use as a size while the graph is built",
-                received=f"{type(error).__name__}: {str(error).strip()[:160]}",
-                fix="run the model eagerly, or make the trip count a constant or an input's size")) from error
+        except Exception as error:
+            raise ConversionError(
+                message(
+                    f"Loop node {node.name!r} stacks scan outputs over a trip count computed from data, which "
+                    f"{ctx.backend.name} cannot use as a size while the graph is built",
+                    received=f"{type(error).__name__}: {str(error).strip()[:160]}",
+                    fix="run the model eagerly, or make the trip count a constant or an input's size",
+                )
+            ) from error
 
     def going(state, operands):  # the limit travels as the last operand: torch traces no closures
         if trip_count is None:
@@ -155,22 +177,28 @@ def _while(ctx, node, trip_count, condition, initial: list):
         return ops.logical_and(state[1], ops.less(state[0], ops.cast(operands[-1], ops.dtype(state[0]))))
 
     def step(state, operands):
-        iteration, carry, stacks = state[0], state[2:2 + len(carried)], state[2 + len(carried):]
+        iteration, carry, stacks = state[0], state[2 : 2 + len(carried)], state[2 + len(carried) :]
         outputs = ctx.run(body, _scope(ctx, names, operands), [iteration, state[1], *carry])
-        new = [ops.cast(ctx.array(v), ops.dtype(old)) for v, old in zip(outputs[1:1 + len(carried)], carry)]
-        written = _written(ctx, stacks, outputs[1 + len(carried):], iteration)  # row `iteration` of each buffer
+        new = [ops.cast(ctx.array(v), ops.dtype(old)) for v, old in zip(outputs[1 : 1 + len(carried)], carry)]
+        written = _written(ctx, stacks, outputs[1 + len(carried) :], iteration)  # row `iteration` of each buffer
         return (ops.add(iteration, 1), ops.reshape(ops.cast(ctx.array(outputs[0]), "bool"), ()), *new, *written)
 
-    final = _compiled(ctx, node, lambda: ops.while_loop(going, step, (*start, *carried, *buffers),
-                                                        (*(ctx.values[n] for n in names), limit)),
-                      "carried values that keep their shape and dtype")
+    final = _compiled(
+        ctx,
+        node,
+        lambda: ops.while_loop(going, step, (*start, *carried, *buffers), (*(ctx.values[n] for n in names), limit)),
+        "carried values that keep their shape and dtype",
+    )
     if buffers and not every:  # the loop may have stopped early: its outputs have as many rows as it ran
         done = final[0]
-        stacked = _compiled(ctx, node, lambda: [ops.take(b, ops.arange(done, dtype=ops.dtype(done)), axis=0)
-                                                for b in final[2 + len(carried):]],
-                            "scan outputs whose length, the number of iterations the loop ran, can be a "
-                            "shape (the condition cannot be shown to stay true until the trip count)")
-        return tuple(final[2:2 + len(carried)]) + stacked
+        stacked = _compiled(
+            ctx,
+            node,
+            lambda: [ops.take(b, ops.arange(done, dtype=ops.dtype(done)), axis=0) for b in final[2 + len(carried) :]],
+            "scan outputs whose length, the number of iterations the loop ran, can be a "
+            "shape (the condition cannot be shown to stay true until the trip count)",
+        )
+        return tuple(final[2 : 2 + len(carried)]) + stacked
     return tuple(final[2:]) + (None,) * (scans - len(buffers))
 
 
@@ -190,10 +218,13 @@ def _scan_rows(ctx, node, trip_count, condition):
             constant = producers[out].attr("value")
         stays = out == into or (constant is not None and _flag(constant))
     if trip_count is None:
-        raise ConversionError(message(
-            f"Loop node {node.name!r} stacks scan outputs over a number of iterations known only at run time",
-            expected="a trip count, the most rows the outputs can have",
-            fix="run the model eagerly, or carry the values instead of scanning them"))
+        raise ConversionError(
+            message(
+                f"Loop node {node.name!r} stacks scan outputs over a number of iterations known only at run time",
+                expected="a trip count, the most rows the outputs can have",
+                fix="run the model eagerly, or carry the values instead of scanning them",
+            )
+        )
     known = ctx.known(trip_count)
     if known is not None:
         return int(known.reshape(-1)[0]), stays
@@ -207,20 +238,26 @@ def _scan(ctx, node, states: list, inputs: list, input_axes, input_reversed, out
     ops, body = ctx.ops, node.attr("body")
     sizes = [ops.shape(x)[axis] for x, axis in zip(inputs, input_axes)]
     if not all(isinstance(n, (int, np.integer)) for n in sizes):  # a symbolic or run-time length
-        return _scan_loop(ctx, node, states, inputs, input_axes, input_reversed, output_axes, output_reversed,
-                          sizes[0])
+        return _scan_loop(ctx, node, states, inputs, input_axes, input_reversed, output_axes, output_reversed, sizes[0])
     lengths = set(sizes)
     if len(lengths) != 1:
-        raise ConversionError(message(f"Scan node {node.name!r} scans inputs of different lengths",
-                                      expected="one length along every scan axis", received=sorted(lengths)))
+        raise ConversionError(
+            message(
+                f"Scan node {node.name!r} scans inputs of different lengths",
+                expected="one length along every scan axis",
+                received=sorted(lengths),
+            )
+        )
     length = lengths.pop()
     scans: list[list] = [[] for _ in range(len(body.outputs) - len(states))]
     for t in range(length):
-        slices = [ops.take(x, length - 1 - t if rev else t, axis=axis)
-                  for x, axis, rev in zip(inputs, input_axes, input_reversed)]
+        slices = [
+            ops.take(x, length - 1 - t if rev else t, axis=axis)
+            for x, axis, rev in zip(inputs, input_axes, input_reversed)
+        ]
         outputs = ctx.run(body, ctx.values, [*states, *slices])
-        states = outputs[:len(states)]
-        for collected, value in zip(scans, outputs[len(states):]):
+        states = outputs[: len(states)]
+        for collected, value in zip(scans, outputs[len(states) :]):
             collected.append(value)
     stacked = []
     for k, (values, axis, rev) in enumerate(zip(scans, output_axes, output_reversed)):
@@ -231,8 +268,7 @@ def _scan(ctx, node, states: list, inputs: list, input_axes, input_reversed, out
     return list(states), stacked
 
 
-def _scan_loop(ctx, node, states: list, inputs: list, input_axes, input_reversed, output_axes, output_reversed,
-               length):
+def _scan_loop(ctx, node, states: list, inputs: list, input_axes, input_reversed, output_axes, output_reversed, length):
     """``Scan`` over a length known only at run time, as the framework's while loop: the
     state is ``(step, *states, *output buffers)``; the scanned inputs and the length are
     operands."""
@@ -242,9 +278,11 @@ def _scan_loop(ctx, node, states: list, inputs: list, input_axes, input_reversed
     count = len(states)
 
     def rows(step, operands):
-        scanned, limit = operands[len(names):-1], operands[-1]
-        return [ops.take(x, ops.subtract(ops.subtract(limit, 1), step) if rev else step, axis=axis)
-                for x, axis, rev in zip(scanned, input_axes, input_reversed)]
+        scanned, limit = operands[len(names) : -1], operands[-1]
+        return [
+            ops.take(x, ops.subtract(ops.subtract(limit, 1), step) if rev else step, axis=axis)
+            for x, axis, rev in zip(scanned, input_axes, input_reversed)
+        ]
 
     limit = ops.reshape(ctx.array(symbolic_array([length]) if is_symbolic(length) else length), ())
     operands = (*(ctx.values[n] for n in names), *inputs, ops.cast(limit, "int64"))
@@ -256,22 +294,26 @@ def _scan_loop(ctx, node, states: list, inputs: list, input_axes, input_reversed
         return ops.less(state[0], ops.cast(operands[-1], ops.dtype(state[0])))
 
     def step(state, operands):
-        at, carry, stacks = state[0], state[1:1 + count], state[1 + count:]
-        outputs = ctx.run(body, _scope(ctx, names, operands[:len(names)]), [*carry, *rows(at, operands)])
+        at, carry, stacks = state[0], state[1 : 1 + count], state[1 + count :]
+        outputs = ctx.run(body, _scope(ctx, names, operands[: len(names)]), [*carry, *rows(at, operands)])
         new = [ops.cast(ctx.array(v), ops.dtype(old)) for v, old in zip(outputs[:count], carry)]
         return (ops.add(at, 1), *new, *_written(ctx, stacks, outputs[count:], at))
 
-    final = _compiled(ctx, node, lambda: ops.while_loop(going, step, (start, *states, *buffers), operands),
-                      "states that keep their shape and dtype")
+    final = _compiled(
+        ctx,
+        node,
+        lambda: ops.while_loop(going, step, (start, *states, *buffers), operands),
+        "states that keep their shape and dtype",
+    )
     stacked = []
-    for value, axis, rev in zip(final[1 + count:], output_axes, output_reversed):
+    for value, axis, rev in zip(final[1 + count :], output_axes, output_reversed):
         value = ops.flip(value, (0,)) if rev else value
         if axis % len(ops.shape(value)):  # rows are stacked on axis 0; the output wants them on `axis`
             order = list(range(1, len(ops.shape(value))))
             order.insert(axis % len(ops.shape(value)), 0)
             value = ops.transpose(value, order)
         stacked.append(value)
-    return list(final[1:1 + count]), stacked
+    return list(final[1 : 1 + count]), stacked
 
 
 def _written(ctx, buffers: list, values: list, at) -> list:
@@ -281,20 +323,33 @@ def _written(ctx, buffers: list, values: list, at) -> list:
         return []
     ops = ctx.ops
     here = ops.equal(ops.arange(ops.shape(buffers[0])[0], dtype=ops.dtype(at)), at)
-    return [ops.where(ops.reshape(here, (-1,) + (1,) * (len(ops.shape(b)) - 1)),
-                      ops.expand_dims(ops.cast(ctx.array(v), ops.dtype(b)), 0), b) for v, b in zip(values, buffers)]
+    return [
+        ops.where(
+            ops.reshape(here, (-1,) + (1,) * (len(ops.shape(b)) - 1)),
+            ops.expand_dims(ops.cast(ctx.array(v), ops.dtype(b)), 0),
+            b,
+        )
+        for v, b in zip(values, buffers)
+    ]
 
 
 @handler("Scan", since=9)
 def scan(ctx, node, *values):
     ops = ctx.ops
     count = node.attr("num_scan_inputs")
-    states, inputs = list(values[:len(values) - count]), list(values[len(values) - count:])
+    states, inputs = list(values[: len(values) - count]), list(values[len(values) - count :])
     outputs = len(node.attr("body").outputs) - len(states)
     input_axes = [a % len(ops.shape(x)) for a, x in zip(node.attr("scan_input_axes", [0] * count), inputs)]
-    states, stacked = _scan(ctx, node, states, inputs, input_axes, node.attr("scan_input_directions", [0] * count),
-                            node.attr("scan_output_axes", [0] * outputs),
-                            node.attr("scan_output_directions", [0] * outputs))
+    states, stacked = _scan(
+        ctx,
+        node,
+        states,
+        inputs,
+        input_axes,
+        node.attr("scan_input_directions", [0] * count),
+        node.attr("scan_output_axes", [0] * outputs),
+        node.attr("scan_output_directions", [0] * outputs),
+    )
     return tuple(states + stacked)
 
 
@@ -306,24 +361,36 @@ def scan_8(ctx, node, sequence_lens, *values):
     ops = ctx.ops
     count = node.attr("num_scan_inputs")
     directions = node.attr("directions", [0] * count)
-    states, inputs = list(values[:len(values) - count]), list(values[len(values) - count:])
+    states, inputs = list(values[: len(values) - count]), list(values[len(values) - count :])
     batch, steps = ops.shape(inputs[0])[0], ops.shape(inputs[0])[1]
     lengths = [steps] * batch if sequence_lens is None else [int(n) for n in np.asarray(sequence_lens).reshape(-1)]
     outputs = len(node.attr("body").outputs) - len(states)
     finals, scans = [], []
     for b in range(batch):
         rows = [ops.slice(ops.take(x, b, axis=0), [0], [lengths[b]], axes=[0]) for x in inputs]
-        final, stacked = _scan(ctx, node, [ops.take(ctx.array(s), b, axis=0) for s in states], rows, [0] * count,
-                               directions, [0] * outputs, [0] * outputs)
+        final, stacked = _scan(
+            ctx,
+            node,
+            [ops.take(ctx.array(s), b, axis=0) for s in states],
+            rows,
+            [0] * count,
+            directions,
+            [0] * outputs,
+            [0] * outputs,
+        )
         pad = steps - lengths[b]
         finals.append(final)
-        scans.append([ops.pad(ctx.array(s), [(0, pad)] + [(0, 0)] * (len(ops.shape(s)) - 1)) if pad else s
-                      for s in stacked])
-    return tuple([_stack(ctx, [f[i] for f in finals]) for i in range(len(states))]
-                 + [_stack(ctx, [s[k] for s in scans]) for k in range(outputs)])
+        scans.append(
+            [ops.pad(ctx.array(s), [(0, pad)] + [(0, 0)] * (len(ops.shape(s)) - 1)) if pad else s for s in stacked]
+        )
+    return tuple(
+        [_stack(ctx, [f[i] for f in finals]) for i in range(len(states))]
+        + [_stack(ctx, [s[k] for s in scans]) for k in range(outputs)]
+    )
 
 
 # -- random numbers ---------------------------------------------------------------------------
+
 
 def _key(ctx, node):
     seed = node.attr("seed")

@@ -14,8 +14,8 @@ from xdevice._errors import UnsupportedOp, message
 from xdevice.converters.importer.handlers._nn import _channel, _product, _split_heads, _unsupported
 from xdevice.converters.importer.registry import handler
 
-
 # -- convolution ------------------------------------------------------------------------------
+
 
 def _geometry(node, dims: int):
     strides = list(node.attr("strides", None) or [1] * dims)
@@ -47,8 +47,13 @@ def _pads(node, spatial, kernel, strides, dilations) -> list[tuple[int, int]]:
 def _check_kernel(node, kernel) -> None:
     declared = node.attr("kernel_shape", None)
     if declared is not None and list(declared) != list(kernel):
-        raise UnsupportedOp(message(f"{node.op} node {node.name!r}: kernel_shape disagrees with the weights",
-                                    expected=str(list(kernel)), received=str(list(declared))))
+        raise UnsupportedOp(
+            message(
+                f"{node.op} node {node.name!r}: kernel_shape disagrees with the weights",
+                expected=str(list(kernel)),
+                received=str(list(declared)),
+            )
+        )
 
 
 def conv_settings(ops, node, x, w) -> tuple[list[int], list[tuple[int, int]], list[int]]:
@@ -116,16 +121,19 @@ def conv_transpose(ctx, node, x, w, b=None):
             z = ops.expand_dims(z, axis + 1)
             widths = [(0, 0)] * (len(current) + 1)
             widths[axis + 1] = (0, s - 1)
-            z = ops.reshape(ops.pad(z, widths), (*current[:axis], current[axis] * s, *current[axis + 1:]))
+            z = ops.reshape(ops.pad(z, widths), (*current[:axis], current[axis] * s, *current[axis + 1 :]))
     # the inserted length is n * s: s - 1 trailing zeros beyond the dilated input
-    widths = [(0, 0), (0, 0)] + [(e - 1 - pb, e - 1 - pe + o - (s - 1))
-                                 for e, (pb, pe), o, s in zip(span, pads, extra, strides)]
+    widths = [(0, 0), (0, 0)] + [
+        (e - 1 - pb, e - 1 - pe + o - (s - 1)) for e, (pb, pe), o, s in zip(span, pads, extra, strides)
+    ]
     z = _crop_pad(ops, z, widths)
     c_in, c_out = ops.shape(w)[0], ops.shape(w)[1] * group
     kernel_t = ops.reshape(w, (group, c_in // group, c_out // group, *kernel))
     kernel_t = ops.transpose(kernel_t, (0, 2, 1, *range(3, 3 + dims)))
     kernel_t = ops.flip(ops.reshape(kernel_t, (c_out, c_in // group, *kernel)), tuple(range(2, 2 + dims)))
     return ops.conv(z, kernel_t, b, stride=1, padding=[(0, 0)] * dims, dilation=dilations, groups=group)
+
+
 @handler("Col2Im", since=18, static=(1, 2))
 def col2im(ctx, node, x, image_shape, block_shape):
     """Sum sliding blocks ``(N, C * prod(block), L)`` back into images ``(N, C, *image)``:
@@ -137,15 +145,18 @@ def col2im(ctx, node, x, image_shape, block_shape):
     dims = len(image)
     strides, dilations = _geometry(node, dims)
     pads = list(node.attr("pads", None) or [0] * 2 * dims)
-    counts = [(n + pads[i] + pads[i + dims] - ((k - 1) * d + 1)) // s + 1
-              for i, (n, k, s, d) in enumerate(zip(image, block, strides, dilations))]
+    counts = [
+        (n + pads[i] + pads[i + dims] - ((k - 1) * d + 1)) // s + 1
+        for i, (n, k, s, d) in enumerate(zip(image, block, strides, dilations))
+    ]
     kernel_pos = np.stack(np.meshgrid(*[np.arange(k) for k in block], indexing="ij"), -1).reshape(-1, dims)
     block_pos = np.stack(np.meshgrid(*[np.arange(c) for c in counts], indexing="ij"), -1).reshape(-1, dims)
     where = block_pos[None, :, :] * strides - np.asarray(pads[:dims]) + kernel_pos[:, None, :] * dilations
     inside = np.all((where >= 0) & (where < image), axis=-1)
     plane = math.prod(image)
-    flat = np.where(inside, np.ravel_multi_index(tuple(np.clip(where, 0, np.asarray(image) - 1).transpose(2, 0, 1)),
-                                                 image), plane).reshape(-1)
+    flat = np.where(
+        inside, np.ravel_multi_index(tuple(np.clip(where, 0, np.asarray(image) - 1).transpose(2, 0, 1)), image), plane
+    ).reshape(-1)
     batch, width = ops.shape(x)[0], ops.shape(x)[1]
     channels = width // len(kernel_pos)
     updates = ops.reshape(x, (batch, channels, -1))
@@ -183,7 +194,7 @@ def deform_conv(ctx, node, x, w, offset, b=None, mask=None):
         low = ops.floor(c)
         t = ops.subtract(c, low)
         axis_taps.append([(low, ops.subtract(1.0, t)), (ops.add(low, 1.0), t)])
-    strides_flat = [math.prod(spatial[i + 1:]) for i in range(dims)]
+    strides_flat = [math.prod(spatial[i + 1 :]) for i in range(dims)]
     sampled = None
     for combo in _product(axis_taps):
         index, weight, valid = None, None, None
@@ -194,10 +205,13 @@ def deform_conv(ctx, node, x, w, offset, b=None, mask=None):
             index = part if index is None else ops.add(index, part)
             weight = wt if weight is None else ops.multiply(weight, wt)
         weight = ops.where(valid, weight, ops.zeros((), dtype))  # (N, G_off, K, Q)
-        index = ops.broadcast_to(ops.reshape(index, (batch, offset_groups, 1, taps * points)),
-                                 (batch, offset_groups, channels // offset_groups, taps * points))
-        value = ops.multiply(ops.take_along_axis(flat_x, index, axis=3),
-                             ops.reshape(weight, (batch, offset_groups, 1, taps * points)))
+        index = ops.broadcast_to(
+            ops.reshape(index, (batch, offset_groups, 1, taps * points)),
+            (batch, offset_groups, channels // offset_groups, taps * points),
+        )
+        value = ops.multiply(
+            ops.take_along_axis(flat_x, index, axis=3), ops.reshape(weight, (batch, offset_groups, 1, taps * points))
+        )
         sampled = value if sampled is None else ops.add(sampled, value)
     if mask is not None:
         sampled = ops.multiply(sampled, ops.reshape(mask, (batch, offset_groups, 1, taps * points)))
@@ -245,7 +259,7 @@ def linear_attention(ctx, node, query, key, value, past_state=None, decay=None, 
     d_k = ops.shape(query)[-1] // q_heads
     d_v = ops.shape(value)[-1] // kv_heads
     groups = q_heads // kv_heads
-    f32 = lambda t: ops.cast(t, "float32")  # noqa: E731
+    f32 = lambda t: ops.cast(t, "float32")
     q, k, v = (f32(_split_heads(ops, t, h)) for t, h in ((query, q_heads), (key, kv_heads), (value, kv_heads)))
     gated, delta = rule in ("gated", "gated_delta"), rule in ("delta", "gated_delta")
     if gated:
@@ -268,8 +282,10 @@ def linear_attention(ctx, node, query, key, value, past_state=None, decay=None, 
         state = ops.add(state, ops.multiply(ops.expand_dims(k_t, -1), ops.expand_dims(v_t, -2)))
         read = state
         if groups > 1:
-            read = ops.reshape(ops.broadcast_to(ops.expand_dims(state, 2), (batch, kv_heads, groups, d_k, d_v)),
-                               (batch, q_heads, d_k, d_v))
+            read = ops.reshape(
+                ops.broadcast_to(ops.expand_dims(state, 2), (batch, kv_heads, groups, d_k, d_v)),
+                (batch, q_heads, d_k, d_v),
+            )
         outputs.append(ops.multiply(ops.einsum("bhd,bhdm->bhm", ops.take(q, t, axis=2), read), scale))
     y = ops.reshape(ops.stack(outputs, axis=1), (batch, steps, q_heads * d_v))  # (B, T, H, d_v) flattened
     return ops.cast(y, ops.dtype(query)), ops.cast(state, state_dtype)

@@ -22,13 +22,35 @@ def _unary(op: str, since: int, method: str) -> None:
 
 
 for _op, _since, _method in [
-    ("Abs", 6, "abs"), ("Neg", 6, "negative"), ("Exp", 6, "exp"), ("Log", 6, "log"), ("Sqrt", 6, "sqrt"),
-    ("Floor", 6, "floor"), ("Ceil", 6, "ceil"), ("Round", 11, "round"), ("Sign", 9, "sign"),
-    ("Sin", 7, "sin"), ("Cos", 7, "cos"), ("Tan", 7, "tan"), ("Asin", 7, "asin"), ("Acos", 7, "acos"),
-    ("Atan", 7, "atan"), ("Sinh", 9, "sinh"), ("Cosh", 9, "cosh"), ("Asinh", 9, "asinh"),
-    ("Acosh", 9, "acosh"), ("Atanh", 9, "atanh"), ("Tanh", 6, "tanh"), ("Sigmoid", 6, "sigmoid"),
-    ("Erf", 9, "erf"), ("Relu", 6, "relu"), ("Not", 1, "logical_not"), ("IsNaN", 9, "isnan"),
-    ("BitwiseNot", 18, "bitwise_not"), ("Softplus", 1, "softplus"), ("Reciprocal", 6, "reciprocal"),
+    ("Abs", 6, "abs"),
+    ("Neg", 6, "negative"),
+    ("Exp", 6, "exp"),
+    ("Log", 6, "log"),
+    ("Sqrt", 6, "sqrt"),
+    ("Floor", 6, "floor"),
+    ("Ceil", 6, "ceil"),
+    ("Round", 11, "round"),
+    ("Sign", 9, "sign"),
+    ("Sin", 7, "sin"),
+    ("Cos", 7, "cos"),
+    ("Tan", 7, "tan"),
+    ("Asin", 7, "asin"),
+    ("Acos", 7, "acos"),
+    ("Atan", 7, "atan"),
+    ("Sinh", 9, "sinh"),
+    ("Cosh", 9, "cosh"),
+    ("Asinh", 9, "asinh"),
+    ("Acosh", 9, "acosh"),
+    ("Atanh", 9, "atanh"),
+    ("Tanh", 6, "tanh"),
+    ("Sigmoid", 6, "sigmoid"),
+    ("Erf", 9, "erf"),
+    ("Relu", 6, "relu"),
+    ("Not", 1, "logical_not"),
+    ("IsNaN", 9, "isnan"),
+    ("BitwiseNot", 18, "bitwise_not"),
+    ("Softplus", 1, "softplus"),
+    ("Reciprocal", 6, "reciprocal"),
 ]:
     _unary(_op, _since, _method)
 
@@ -38,10 +60,19 @@ def _binary(op: str, since: int, method: str) -> None:
 
 
 for _op, _since, _method in [
-    ("Add", 7, "add"), ("Sub", 7, "subtract"), ("Mul", 7, "multiply"), ("Equal", 7, "equal"),
-    ("Greater", 7, "greater"), ("Less", 7, "less"), ("GreaterOrEqual", 12, "greater_equal"),
-    ("LessOrEqual", 12, "less_equal"), ("And", 7, "logical_and"), ("Or", 7, "logical_or"),
-    ("Xor", 7, "logical_xor"), ("BitwiseAnd", 18, "bitwise_and"), ("BitwiseOr", 18, "bitwise_or"),
+    ("Add", 7, "add"),
+    ("Sub", 7, "subtract"),
+    ("Mul", 7, "multiply"),
+    ("Equal", 7, "equal"),
+    ("Greater", 7, "greater"),
+    ("Less", 7, "less"),
+    ("GreaterOrEqual", 12, "greater_equal"),
+    ("LessOrEqual", 12, "less_equal"),
+    ("And", 7, "logical_and"),
+    ("Or", 7, "logical_or"),
+    ("Xor", 7, "logical_xor"),
+    ("BitwiseAnd", 18, "bitwise_and"),
+    ("BitwiseOr", 18, "bitwise_or"),
     ("BitwiseXor", 18, "bitwise_xor"),
 ]:
     _binary(_op, _since, _method)
@@ -64,9 +95,17 @@ def _legacy_binary(op: str, method: str) -> None:
     handler(op, 1)(lambda ctx, node, a, b: getattr(ctx.ops, method)(a, _legacy(ctx, node, a, b)))
 
 
-for _op, _method in [("Add", "add"), ("Sub", "subtract"), ("Mul", "multiply"), ("Equal", "equal"),
-                     ("Greater", "greater"), ("Less", "less"), ("And", "logical_and"), ("Or", "logical_or"),
-                     ("Xor", "logical_xor")]:
+for _op, _method in [
+    ("Add", "add"),
+    ("Sub", "subtract"),
+    ("Mul", "multiply"),
+    ("Equal", "equal"),
+    ("Greater", "greater"),
+    ("Less", "less"),
+    ("And", "logical_and"),
+    ("Or", "logical_or"),
+    ("Xor", "logical_xor"),
+]:
     _legacy_binary(_op, _method)
 
 
@@ -179,6 +218,7 @@ def identity(ctx, node, x):
 
 # -- activations ---------------------------------------------------------------------------
 
+
 @handler("LeakyRelu", since=6)
 def leaky_relu(ctx, node, x):
     ops = ctx.ops
@@ -267,17 +307,21 @@ def gelu(ctx, node, x):
 def shrink(ctx, node, x):
     ops = ctx.ops
     bias, lambd = node.attr("bias", 0.0), node.attr("lambd", 0.5)
-    out = ops.where(ops.less(x, -lambd), ops.add(x, bias),
-                    ops.where(ops.greater(x, lambd), ops.subtract(x, bias), 0))
+    out = ops.where(ops.less(x, -lambd), ops.add(x, bias), ops.where(ops.greater(x, lambd), ops.subtract(x, bias), 0))
     return ops.cast(out, ops.dtype(x))
 
 
 # -- types ------------------------------------------------------------------------------------
 
+
 def _cast(ctx, x, to: str, saturate: int = 1):
     ops = ctx.ops
-    if isinstance(x, np.ndarray) and x.dtype == object and to.startswith(("int", "uint")) \
-            and not any(isinstance(v, str) for v in x.reshape(-1)):
+    if (
+        isinstance(x, np.ndarray)
+        and x.dtype == object
+        and to.startswith(("int", "uint"))
+        and not any(isinstance(v, str) for v in x.reshape(-1))
+    ):
         return x  # sizes, some symbolic (a traced shape): integers already, and kept symbolic
     if isinstance(x, np.ndarray) and (to == "string" or x.dtype.kind in "OSU"):
         return _cast_strings(x, to)  # strings exist only as static numpy values
@@ -314,6 +358,9 @@ def cast(ctx, node, x):
 @handler("CastLike", since=15)
 def cast_like(ctx, node, x, like):
     target = like.dtype.name if isinstance(like, np.ndarray) and like.dtype.kind in "OSU" else None
-    return _cast(ctx, x, "string" if target or (isinstance(like, np.ndarray) and like.dtype.kind == "O")
-                 else ctx.ops.dtype(like), node.attr("saturate", 1))
-
+    return _cast(
+        ctx,
+        x,
+        "string" if target or (isinstance(like, np.ndarray) and like.dtype.kind == "O") else ctx.ops.dtype(like),
+        node.attr("saturate", 1),
+    )

@@ -14,19 +14,25 @@ from xdevice._errors import UnsupportedOp, message
 from xdevice.converters.importer.handlers._nn import _FLOATS, _product, _rank, _unsupported
 from xdevice.converters.importer.registry import handler
 
-
 # -- resize -----------------------------------------------------------------------------------
 # Resize is separable: each resized axis becomes a gather of ``n`` neighbours per output
 # position and a weighted sum, with the neighbours and weights computed here in numpy
 # (ONNX's reference, vectorised per axis) from the static scales or sizes.
 
+
 def _nearest_weights(mode: str):
     def weights(ratio: float, scale: float) -> np.ndarray:
         if float(ratio).is_integer():
             return np.array([0.0, 1.0])
-        pick_ceil = {"round_prefer_floor": ratio > 0.5, "round_prefer_ceil": ratio >= 0.5, "floor": False,
-                     "ceil": True, "simple": scale < 1}[mode]  # "simple": Resize-10 / Upsample
+        pick_ceil = {
+            "round_prefer_floor": ratio > 0.5,
+            "round_prefer_ceil": ratio >= 0.5,
+            "floor": False,
+            "ceil": True,
+            "simple": scale < 1,
+        }[mode]  # "simple": Resize-10 / Upsample
         return np.array([0.0, 1.0]) if pick_ceil else np.array([1.0, 0.0])
+
     return weights
 
 
@@ -36,13 +42,21 @@ def _cubic_weights(a: float, antialias: bool):
             scale = min(scale, 1.0)
             start = int(np.floor(-2 / scale) + 1)
             x = np.abs(scale * (np.arange(start, 2 - start) - ratio))
-            w = np.where(x <= 1, (a + 2) * x ** 3 - (a + 3) * x ** 2 + 1,
-                         np.where(x < 2, a * x ** 3 - 5 * a * x ** 2 + 8 * a * x - 4 * a, 0.0))
+            w = np.where(
+                x <= 1,
+                (a + 2) * x**3 - (a + 3) * x**2 + 1,
+                np.where(x < 2, a * x**3 - 5 * a * x**2 + 8 * a * x - 4 * a, 0.0),
+            )
             return w / w.sum()
-        return np.array([((a * (ratio + 1) - 5 * a) * (ratio + 1) + 8 * a) * (ratio + 1) - 4 * a,
-                         ((a + 2) * ratio - (a + 3)) * ratio * ratio + 1,
-                         ((a + 2) * (1 - ratio) - (a + 3)) * (1 - ratio) * (1 - ratio) + 1,
-                         ((a * (2 - ratio) - 5 * a) * (2 - ratio) + 8 * a) * (2 - ratio) - 4 * a])
+        return np.array(
+            [
+                ((a * (ratio + 1) - 5 * a) * (ratio + 1) + 8 * a) * (ratio + 1) - 4 * a,
+                ((a + 2) * ratio - (a + 3)) * ratio * ratio + 1,
+                ((a + 2) * (1 - ratio) - (a + 3)) * (1 - ratio) * (1 - ratio) + 1,
+                ((a * (2 - ratio) - 5 * a) * (2 - ratio) + 8 * a) * (2 - ratio) - 4 * a,
+            ]
+        )
+
     return weights
 
 
@@ -54,6 +68,7 @@ def _linear_weights(antialias: bool):
             w = np.clip(1 - np.abs((np.arange(start, start + 2 - 2 * start) - ratio) * scale), 0, 1)
             return w / w.sum()
         return np.array([1 - ratio, ratio])
+
     return weights
 
 
@@ -67,8 +82,11 @@ def _source_coordinates(node, mode: str, out: np.ndarray, scale: float, size: in
         x = out / scale
     elif mode == "tf_crop_and_resize":
         start, stop = roi
-        x = np.full(out_size, (stop - start) * (size - 1) / 2) if width == 1 else \
-            out * (stop - start) * (size - 1) / (width - 1)
+        x = (
+            np.full(out_size, (stop - start) * (size - 1) / 2)
+            if width == 1
+            else out * (stop - start) * (size - 1) / (width - 1)
+        )
         x = x + start * (size - 1)
         outside = (x < 0) | (x > size - 1)
     elif mode == "pytorch_half_pixel":
@@ -79,16 +97,27 @@ def _source_coordinates(node, mode: str, out: np.ndarray, scale: float, size: in
         offset = size / 2 * (1 - out_size / width)
         x = offset + (out + 0.5) / scale - 0.5
     else:
-        _unsupported(node, "coordinate_transformation_mode", mode,
-                     ["half_pixel", "half_pixel_symmetric", "pytorch_half_pixel", "align_corners",
-                      "asymmetric", "tf_crop_and_resize"])
+        _unsupported(
+            node,
+            "coordinate_transformation_mode",
+            mode,
+            [
+                "half_pixel",
+                "half_pixel_symmetric",
+                "pytorch_half_pixel",
+                "align_corners",
+                "asymmetric",
+                "tf_crop_and_resize",
+            ],
+        )
     return x, outside
 
 
 def _resize_plan(node, size, scale, out_size, weights, coordinate_mode, roi, exclude_outside):
     """``(indices (out, n), weights (out, n), extrapolated (out,) or None)`` for one axis."""
-    x, outside = _source_coordinates(node, coordinate_mode, np.arange(out_size, dtype=np.float64), scale,
-                                     size, out_size, roi)
+    x, outside = _source_coordinates(
+        node, coordinate_mode, np.arange(out_size, dtype=np.float64), scale, size, out_size, roi
+    )
     base = np.floor(x)
     ratios = np.where(x == base, 1.0, x - base)
     coeffs = np.stack([weights(float(r), scale) for r in ratios]) if out_size else np.zeros((0, 2))
@@ -119,7 +148,9 @@ def _resize_axis(ops, x, axis, index, coeffs, outside, fill, nearest: bool, dtyp
             x = ops.where(ops.asarray(mask), ops.zeros((), ops.dtype(x)), x)
     else:
         shape = ops.shape(x)
-        gathered = ops.reshape(ops.take(x, index.reshape(-1), axis=axis), (*shape[:axis], *index.shape, *shape[axis + 1:]))
+        gathered = ops.reshape(
+            ops.take(x, index.reshape(-1), axis=axis), (*shape[:axis], *index.shape, *shape[axis + 1 :])
+        )
         w = ops.asarray(coeffs.reshape(coeffs.shape + (1,) * (rank - axis - 1)), dtype=dtype)
         x = ops.sum(ops.multiply(gathered, w), axis=axis + 1)
     if outside is not None and outside.any():
@@ -135,7 +166,7 @@ def _resize(ctx, node, x, roi, scales, sizes, mode: str, coordinate_mode: str, n
     if mode not in ("nearest", "linear", "cubic"):
         _unsupported(node, "mode", mode, ["nearest", "linear", "cubic"])
     axes = [a % rank for a in (node.attr("axes", None) or range(rank))]
-    empty = lambda v: v is None or np.asarray(v).size == 0  # noqa: E731
+    empty = lambda v: v is None or np.asarray(v).size == 0
     roi = None if empty(roi) else np.asarray(roi)  # its own dtype: float32 roi * size rounds as ONNX does
     policy = node.attr("keep_aspect_ratio_policy", "stretch")
     if not empty(sizes):
@@ -151,12 +182,17 @@ def _resize(ctx, node, x, roi, scales, sizes, mode: str, coordinate_mode: str, n
         factors = [float(v) for v in np.asarray(scales, np.float64)]
         sizes = [int(f * shape[a]) for f, a in zip(factors, axes)]
     else:
-        raise UnsupportedOp(message(f"Resize node {node.name!r} has neither scales nor sizes",
-                                    expected="a non-empty scales or sizes input"))
+        raise UnsupportedOp(
+            message(
+                f"Resize node {node.name!r} has neither scales nor sizes", expected="a non-empty scales or sizes input"
+            )
+        )
     antialias = bool(node.attr("antialias", 0))
-    weights = {"nearest": lambda: _nearest_weights(nearest_mode),
-               "linear": lambda: _linear_weights(antialias),
-               "cubic": lambda: _cubic_weights(node.attr("cubic_coeff_a", -0.75), antialias)}[mode]()
+    weights = {
+        "nearest": lambda: _nearest_weights(nearest_mode),
+        "linear": lambda: _linear_weights(antialias),
+        "cubic": lambda: _cubic_weights(node.attr("cubic_coeff_a", -0.75), antialias),
+    }[mode]()
     dtype = ops.dtype(x)
     work = dtype if dtype in ("float32", "float64") or mode == "nearest" else "float32"
     y = ops.cast(x, work) if work != dtype else x
@@ -164,15 +200,27 @@ def _resize(ctx, node, x, roi, scales, sizes, mode: str, coordinate_mode: str, n
         pair = None
         if roi is not None and coordinate_mode == "tf_crop_and_resize":
             pair = (roi[i], roi[len(axes) + i]) if len(roi) == 2 * len(axes) else (roi[axis], roi[rank + axis])
-        if math.isclose(factors[i], 1.0) and sizes[i] == shape[axis] and \
-                (pair is None or (math.isclose(pair[0], 0.0) and math.isclose(pair[1], 1.0))):
+        if (
+            math.isclose(factors[i], 1.0)
+            and sizes[i] == shape[axis]
+            and (pair is None or (math.isclose(pair[0], 0.0) and math.isclose(pair[1], 1.0)))
+        ):
             continue
         if pair is None and coordinate_mode == "tf_crop_and_resize":
             pair = (0.0, 1.0)
-        index, coeffs, outside = _resize_plan(node, shape[axis], factors[i], sizes[i], weights, coordinate_mode,
-                                              pair, bool(node.attr("exclude_outside", 0)))
-        y = _resize_axis(ops, y, axis, index, coeffs, outside, node.attr("extrapolation_value", 0.0),
-                         mode == "nearest", work)
+        index, coeffs, outside = _resize_plan(
+            node,
+            shape[axis],
+            factors[i],
+            sizes[i],
+            weights,
+            coordinate_mode,
+            pair,
+            bool(node.attr("exclude_outside", 0)),
+        )
+        y = _resize_axis(
+            ops, y, axis, index, coeffs, outside, node.attr("extrapolation_value", 0.0), mode == "nearest", work
+        )
     if work != dtype:
         if dtype not in _FLOATS:  # ONNX saturates to the integer type after rounding
             info = np.iinfo(np.dtype(dtype))
@@ -192,9 +240,17 @@ def resize_10(ctx, node, x, scales):
 def resize(ctx, node, x, roi=None, scales=None, sizes=None):
     """Versions 11 on (18 adds ``antialias``, ``axes``, ``keep_aspect_ratio_policy``; 19
     adds the ``half_pixel_symmetric`` coordinates)."""
-    return _resize(ctx, node, x, roi, scales, sizes, node.attr("mode", "nearest"),
-                   node.attr("coordinate_transformation_mode", "half_pixel"),
-                   node.attr("nearest_mode", "round_prefer_floor"))
+    return _resize(
+        ctx,
+        node,
+        x,
+        roi,
+        scales,
+        sizes,
+        node.attr("mode", "nearest"),
+        node.attr("coordinate_transformation_mode", "half_pixel"),
+        node.attr("nearest_mode", "round_prefer_floor"),
+    )
 
 
 def _upsample_mode(node) -> str:
@@ -205,15 +261,19 @@ def _upsample_mode(node) -> str:
 @handler("Upsample", since=7)
 def upsample_7(ctx, node, x):
     """Asymmetric coordinates; nearest rounds down (repeats for integer scales)."""
-    return _resize(ctx, node, x, None, np.asarray(node.attr("scales")), None, _upsample_mode(node), "asymmetric",
-                   "floor")
+    return _resize(
+        ctx, node, x, None, np.asarray(node.attr("scales")), None, _upsample_mode(node), "asymmetric", "floor"
+    )
 
 
 @handler("Upsample", since=9, static=(1,))
 def upsample_9(ctx, node, x, scales):
     """Version 9: the scales are an input."""
     return _resize(ctx, node, x, None, scales, None, _upsample_mode(node), "asymmetric", "floor")
+
+
 # -- sampling grids ---------------------------------------------------------------------------
+
 
 def _reflect(ops, v, low: float, high: float):
     """Reflect coordinates by the nearer border until they fall inside ``[low, high]``."""
@@ -223,8 +283,11 @@ def _reflect(ops, v, low: float, high: float):
         turns = ops.floor(ops.divide(distance, span))
         rest = ops.subtract(distance, ops.multiply(turns, span))
         even = ops.equal(ops.mod(turns, 2.0), 0.0)
-        return ops.where(even, ops.add(near, ops.multiply(rest, 1.0 if near == low else -1.0)),
-                         ops.subtract(far, ops.multiply(rest, 1.0 if near == low else -1.0)))
+        return ops.where(
+            even,
+            ops.add(near, ops.multiply(rest, 1.0 if near == low else -1.0)),
+            ops.subtract(far, ops.multiply(rest, 1.0 if near == low else -1.0)),
+        )
 
     below = fold(ops.subtract(low, v), low, high)
     above = fold(ops.subtract(v, high), high, low)
@@ -236,8 +299,10 @@ def _cubic_kernel(ops, t):
     a = -0.75
     u, w = ops.add(t, 1.0), ops.subtract(1.0, t)
     v = ops.subtract(2.0, t)
-    far = lambda s: ops.subtract(ops.multiply(ops.add(ops.multiply(ops.subtract(ops.multiply(s, a), 5 * a), s), 8 * a), s), 4 * a)  # noqa: E731
-    near = lambda s: ops.add(ops.multiply(ops.multiply(ops.subtract(ops.multiply(s, a + 2), a + 3), s), s), 1.0)  # noqa: E731
+    far = lambda s: ops.subtract(
+        ops.multiply(ops.add(ops.multiply(ops.subtract(ops.multiply(s, a), 5 * a), s), 8 * a), s), 4 * a
+    )
+    near = lambda s: ops.add(ops.multiply(ops.multiply(ops.subtract(ops.multiply(s, a + 2), a + 3), s), s), 1.0)
     return [far(u), near(t), near(w), far(v)]
 
 
@@ -261,8 +326,11 @@ def _grid_sample(ctx, node, x, grid, mode: str):
     coords, limits = [], []
     for i, size in enumerate(spatial):
         g = ops.take(points, dims - 1 - i, axis=2)  # (N, Q)
-        c = ops.multiply(ops.add(g, 1.0), (size - 1) / 2) if align else \
-            ops.divide(ops.subtract(ops.multiply(ops.add(g, 1.0), float(size)), 1.0), 2.0)
+        c = (
+            ops.multiply(ops.add(g, 1.0), (size - 1) / 2)
+            if align
+            else ops.divide(ops.subtract(ops.multiply(ops.add(g, 1.0), float(size)), 1.0), 2.0)
+        )
         if mode == "nearest":
             c = ops.round(c)
         low, high = (0.0, size - 1.0) if align else (-0.5, size - 0.5)
@@ -284,7 +352,7 @@ def _grid_sample(ctx, node, x, grid, mode: str):
         else:
             taps.append([(ops.add(base, float(o)), w) for o, w in zip((-1, 0, 1, 2), _cubic_kernel(ops, t))])
     flat_x = ops.reshape(x, (batch, channels, -1))
-    strides = [math.prod(spatial[i + 1:]) for i in range(dims)]
+    strides = [math.prod(spatial[i + 1 :]) for i in range(dims)]
     total = None
     for combo in _product(taps):
         index, weight, valid = None, None, None

@@ -8,7 +8,6 @@ from xdevice.converters.importer.handlers._nn import _channel, _rank, _unsupport
 from xdevice.converters.importer.interpreter import onnx_dtype
 from xdevice.converters.importer.registry import handler
 
-
 # -- normalisation ----------------------------------------------------------------------------
 
 
@@ -32,10 +31,14 @@ def _batch_norm(ctx, x, scale, bias, mean, var, eps, training, momentum, spatial
     y = ops.cast(y, dtype)
     if not training:
         return y, mean, var, mean, var
-    keep = lambda stat, batch: ops.cast(ops.add(ops.multiply(_wide(ops, stat), momentum),  # noqa: E731
-                                                ops.multiply(batch, 1.0 - momentum)), ops.dtype(stat))
-    return (y, keep(mean, batch_mean), keep(var, batch_var), ops.cast(batch_mean, dtype),
-            ops.cast(batch_var, dtype))
+    keep = lambda stat, batch: ops.cast(
+        ops.add(
+            ops.multiply(_wide(ops, stat), momentum),
+            ops.multiply(batch, 1.0 - momentum),
+        ),
+        ops.dtype(stat),
+    )
+    return (y, keep(mean, batch_mean), keep(var, batch_var), ops.cast(batch_mean, dtype), ops.cast(batch_var, dtype))
 
 
 @handler("BatchNormalization", since=1)
@@ -46,8 +49,17 @@ def batch_norm_1(ctx, node, x, scale, bias, mean, var):
     ``spatial=0`` keeps one statistic per activation rather than per channel."""
     training = not node.attr("is_test", 0) and len([o for o in node.outputs if o]) > 1
     y, running_mean, running_var, batch_mean, batch_var = _batch_norm(
-        ctx, x, scale, bias, mean, var, node.attr("epsilon", 1e-5), training, node.attr("momentum", 0.9),
-        spatial=bool(node.attr("spatial", 1)))
+        ctx,
+        x,
+        scale,
+        bias,
+        mean,
+        var,
+        node.attr("epsilon", 1e-5),
+        training,
+        node.attr("momentum", 0.9),
+        spatial=bool(node.attr("spatial", 1)),
+    )
     return y, running_mean, running_var, batch_mean, batch_var
 
 
@@ -55,8 +67,18 @@ def batch_norm_1(ctx, node, x, scale, bias, mean, var):
 def batch_norm_7(ctx, node, x, scale, bias, mean, var):
     """Versions 7 and 9: training mode is asked for by requesting more than one output."""
     training = len([o for o in node.outputs if o]) > 1
-    return _batch_norm(ctx, x, scale, bias, mean, var, node.attr("epsilon", 1e-5), training,
-                       node.attr("momentum", 0.9), spatial=bool(node.attr("spatial", 1)))
+    return _batch_norm(
+        ctx,
+        x,
+        scale,
+        bias,
+        mean,
+        var,
+        node.attr("epsilon", 1e-5),
+        training,
+        node.attr("momentum", 0.9),
+        spatial=bool(node.attr("spatial", 1)),
+    )
 
 
 @handler("BatchNormalization", since=14)
@@ -64,8 +86,16 @@ def batch_norm_14(ctx, node, x, scale, bias, mean, var):
     """Version 14 on: ``training_mode=1`` normalises with the batch statistics and outputs
     the updated running mean and variance."""
     y, running_mean, running_var, _, _ = _batch_norm(
-        ctx, x, scale, bias, mean, var, node.attr("epsilon", 1e-5), bool(node.attr("training_mode", 0)),
-        node.attr("momentum", 0.9))
+        ctx,
+        x,
+        scale,
+        bias,
+        mean,
+        var,
+        node.attr("epsilon", 1e-5),
+        bool(node.attr("training_mode", 0)),
+        node.attr("momentum", 0.9),
+    )
     return y, running_mean, running_var
 
 
@@ -103,8 +133,9 @@ def layer_norm(ctx, node, x, scale, bias=None):
     wx = _stash(ops, node, x)
     mean = ops.mean(wx, axis=axes, keepdims=True)
     centred = ops.subtract(wx, mean)
-    inv_std = ops.reciprocal(ops.sqrt(ops.add(ops.mean(ops.square(centred), axis=axes, keepdims=True),
-                                              node.attr("epsilon", 1e-5))))
+    inv_std = ops.reciprocal(
+        ops.sqrt(ops.add(ops.mean(ops.square(centred), axis=axes, keepdims=True), node.attr("epsilon", 1e-5)))
+    )
     y = ops.multiply(ops.cast(ops.multiply(centred, inv_std), dtype), scale)
     if bias is not None:
         y = ops.add(y, bias)
@@ -133,7 +164,7 @@ def _group_norm(ctx, node, x, scale, bias, per_channel: bool):
     y = ops.cast(ops.reshape(ops.divide(centred, ops.sqrt(ops.add(var, node.attr("epsilon", 1e-5)))), shape), dtype)
     if not per_channel:  # version 18: one scale and bias per group
         reps = shape[1] // groups
-        expand = lambda v: ops.reshape(ops.broadcast_to(ops.expand_dims(v, 1), (groups, reps)), (-1,))  # noqa: E731
+        expand = lambda v: ops.reshape(ops.broadcast_to(ops.expand_dims(v, 1), (groups, reps)), (-1,))
         scale, bias = expand(scale), expand(bias)
     rank = len(shape)
     return ops.add(ops.multiply(y, _channel(ops, scale, rank)), _channel(ops, bias, rank))
@@ -192,7 +223,10 @@ def lp_norm(ctx, node, x):
         _unsupported(node, "p", p, ["1", "2"])
     zero = ops.equal(norm, 0)
     return ops.where(zero, 0.0, ops.divide(x, ops.where(zero, 1.0, norm)))
+
+
 # -- dropout ----------------------------------------------------------------------------------
+
 
 def _dropout(ctx, node, x, ratio: float, training: bool, mask_dtype: str):
     """Inference (and ratio 0) is the identity with an all-true mask; training drops with

@@ -15,8 +15,8 @@ from xdevice.converters.importer.handlers._nn import _FLOATS, _rank
 from xdevice.converters.importer.handlers.convolution import _crop_pad, _geometry, _pads
 from xdevice.converters.importer.registry import handler
 
-
 # -- pooling ----------------------------------------------------------------------------------
+
 
 def _pool_plan(node, spatial, kernel, strides, dilations):
     """``(declared pads, output sizes)`` with ONNX's rules: ``ceil_mode`` rounds the output
@@ -46,10 +46,10 @@ def _gather_windows(ops, x, positions):
         size = ops.shape(x)[axis]
         x = ops.take(x, np.clip(pos, 0, size - 1).reshape(-1), axis=axis)
         shape = ops.shape(x)
-        x = ops.reshape(x, (*shape[:axis], *pos.shape, *shape[axis + 1:]))
+        x = ops.reshape(x, (*shape[:axis], *pos.shape, *shape[axis + 1 :]))
     x = ops.transpose(x, (0, 1, *range(2, 2 + 2 * dims, 2), *range(3, 3 + 2 * dims, 2)))
     shape = ops.shape(x)
-    return ops.reshape(x, (*shape[:2 + dims], math.prod(p.shape[1] for p in positions)))
+    return ops.reshape(x, (*shape[: 2 + dims], math.prod(p.shape[1] for p in positions)))
 
 
 def _window_mask(positions, low, high) -> np.ndarray:
@@ -60,7 +60,7 @@ def _window_mask(positions, low, high) -> np.ndarray:
         shape = [1] * (2 * len(positions))
         shape[i], shape[len(positions) + i] = pos.shape
         mask = mask & inside.reshape(shape)
-    outs = mask.shape[:len(positions)]
+    outs = mask.shape[: len(positions)]
     return mask.reshape(*outs, -1)
 
 
@@ -70,8 +70,10 @@ def _pool_setup(ctx, node, x):
     kernel = list(node.attr("kernel_shape"))
     strides, dilations = _geometry(node, len(kernel))
     pads, out = _pool_plan(node, spatial, kernel, strides, dilations)
-    positions = [_window_positions(n, pb, o, k, s, d)
-                 for n, (pb, _), o, k, s, d in zip(spatial, pads, out, kernel, strides, dilations)]
+    positions = [
+        _window_positions(n, pb, o, k, s, d)
+        for n, (pb, _), o, k, s, d in zip(spatial, pads, out, kernel, strides, dilations)
+    ]
     return spatial, kernel, strides, dilations, pads, out, positions
 
 
@@ -82,8 +84,10 @@ def _max_pool(ctx, node, x):
     dtype = ops.dtype(x)
     if not want_indices and dtype in _FLOATS:
         # the op set's max_pool with ONNX's output size spelled as explicit end padding
-        widths = [(pb, (o - 1) * s + (k - 1) * d + 1 - n - pb)
-                  for n, (pb, _), o, k, s, d in zip(spatial, pads, out, kernel, strides, dilations)]
+        widths = [
+            (pb, (o - 1) * s + (k - 1) * d + 1 - n - pb)
+            for n, (pb, _), o, k, s, d in zip(spatial, pads, out, kernel, strides, dilations)
+        ]
         if all(a >= 0 for _, a in widths):
             return ops.max_pool(x, kernel, strides, padding=widths, dilation=dilations)
     windows = _gather_windows(ops, x, positions)
@@ -162,8 +166,9 @@ def lp_pool(ctx, node, x):
     ops = ctx.ops
     spatial, kernel, strides, dilations, pads, out, positions = _pool_setup(ctx, node, x)
     p = node.attr("p", 2)
-    total, _, _ = _sum_pool(ctx, node, ops.power(ops.abs(x), float(p)) if p != 2 else ops.square(x),
-                            spatial, positions, pads)
+    total, _, _ = _sum_pool(
+        ctx, node, ops.power(ops.abs(x), float(p)) if p != 2 else ops.square(x), spatial, positions, pads
+    )
     return ops.power(total, 1.0 / p)
 
 
@@ -197,8 +202,10 @@ def max_unpool(ctx, node, x, indices, output_shape=None):
     dims = len(kernel)
     strides = list(node.attr("strides", None) or [1] * dims)
     pads = list(node.attr("pads", None) or [0] * 2 * dims)
-    inferred = [*shape[:2], *[(n - 1) * s - pads[i] - pads[i + dims] + k
-                              for i, (n, s, k) in enumerate(zip(shape[2:], strides, kernel))]]
+    inferred = [
+        *shape[:2],
+        *[(n - 1) * s - pads[i] - pads[i + dims] + k for i, (n, s, k) in enumerate(zip(shape[2:], strides, kernel))],
+    ]
     flat = ops.zeros((math.prod(inferred),), ops.dtype(x))
     flat = ops.scatter(flat, ops.reshape(ops.cast(indices, "int64"), (-1,)), ops.reshape(x, (-1,)), axis=0)
     y = ops.reshape(flat, inferred)

@@ -19,10 +19,24 @@ from xdevice.converters.importer.handlers.convolution import conv_settings
 from xdevice.converters.importer.interpreter import onnx_dtype
 from xdevice.converters.importer.registry import handler
 
-_RANGES = {"uint8": (0, 255), "int8": (-128, 127), "uint16": (0, 65535), "int16": (-32768, 32767),
-           "uint4": (0, 15), "int4": (-8, 7), "uint2": (0, 3), "int2": (-2, 1), "int32": (-2**31, 2**31 - 1)}
-_FLOAT8_MAX = {"float8_e4m3fn": 448.0, "float8_e4m3fnuz": 240.0, "float8_e5m2": 57344.0,
-               "float8_e5m2fnuz": 57344.0, "float4_e2m1fn": 6.0}
+_RANGES = {
+    "uint8": (0, 255),
+    "int8": (-128, 127),
+    "uint16": (0, 65535),
+    "int16": (-32768, 32767),
+    "uint4": (0, 15),
+    "int4": (-8, 7),
+    "uint2": (0, 3),
+    "int2": (-2, 1),
+    "int32": (-(2**31), 2**31 - 1),
+}
+_FLOAT8_MAX = {
+    "float8_e4m3fn": 448.0,
+    "float8_e4m3fnuz": 240.0,
+    "float8_e5m2": 57344.0,
+    "float8_e5m2fnuz": 57344.0,
+    "float4_e2m1fn": 6.0,
+}
 _HALF = ("float16", "bfloat16")
 
 
@@ -39,10 +53,14 @@ def _broadcastable(ctx, node, value, x_shape, axis: int, block_size: int):
         index = np.arange(x_shape[axis]) // block_size
         return ops.take(value, ops.asarray(index, "int64"), axis=axis)
     if len(shape) != 1 or shape[0] != x_shape[axis]:
-        raise ConversionError(message(
-            f"{node.op} node {node.name!r} has a scale or zero point that does not fit the input",
-            expected=f"a scalar, or a 1-D tensor of length {x_shape[axis]} (input axis {axis}), or "
-                     "a blocked tensor with the block_size attribute", received=f"shape {shape}"))
+        raise ConversionError(
+            message(
+                f"{node.op} node {node.name!r} has a scale or zero point that does not fit the input",
+                expected=f"a scalar, or a 1-D tensor of length {x_shape[axis]} (input axis {axis}), or "
+                "a blocked tensor with the block_size attribute",
+                received=f"shape {shape}",
+            )
+        )
     return ops.reshape(value, tuple(-1 if i == axis else 1 for i in range(len(x_shape))))
 
 
@@ -72,12 +90,20 @@ def _saturate(ctx, y, target: str):
 @handler("QuantizeLinear", since=10)
 def quantize_linear(ctx, node, x, scale, zero_point=None):
     ops = ctx.ops
-    target = (ops.dtype(zero_point) if zero_point is not None
-              else onnx_dtype(node.attr("output_dtype", 0)) if node.attr("output_dtype", 0) else "uint8")
+    target = (
+        ops.dtype(zero_point)
+        if zero_point is not None
+        else onnx_dtype(node.attr("output_dtype", 0))
+        if node.attr("output_dtype", 0)
+        else "uint8"
+    )
     axis, block_size = node.attr("axis", 1), node.attr("block_size", 0)
     # the division runs in the precision attribute's type, by default numpy's for x and the scale
-    precision = (onnx_dtype(node.attr("precision")) if node.attr("precision", 0)
-                 else _quotient_dtype(ops.dtype(x), ops.dtype(scale)))
+    precision = (
+        onnx_dtype(node.attr("precision"))
+        if node.attr("precision", 0)
+        else _quotient_dtype(ops.dtype(x), ops.dtype(scale))
+    )
     shape = ops.shape(x)
     y = _divide(ctx, x, _broadcastable(ctx, node, scale, shape, axis, block_size), precision)
     if target in _FLOAT8_MAX:  # float targets: no zero point is added (ONNX's reference)
@@ -85,8 +111,13 @@ def quantize_linear(ctx, node, x, scale, zero_point=None):
             y = ops.clip(y, -_FLOAT8_MAX[target], _FLOAT8_MAX[target])
         return ops.cast(y, target)
     if target not in _RANGES:
-        raise UnsupportedOp(message(f"QuantizeLinear node {node.name!r} quantizes to an unsupported type",
-                                    received=target, choices=[*_RANGES, *_FLOAT8_MAX]))
+        raise UnsupportedOp(
+            message(
+                f"QuantizeLinear node {node.name!r} quantizes to an unsupported type",
+                received=target,
+                choices=[*_RANGES, *_FLOAT8_MAX],
+            )
+        )
     y = ops.round(y)
     if ops.dtype(y) in _HALF:  # 16-bit targets do not fit in float16's integers
         y = ops.cast(y, "float32")
@@ -169,8 +200,14 @@ def _integer_conv(ctx, node, x, w):
     of these sizes exactly, and not every framework convolves integers."""
     ops = ctx.ops
     strides, pads, dilations = conv_settings(ops, node, x, w)
-    y = ops.conv(ops.cast(x, "float64"), ops.cast(w, "float64"), stride=strides, padding=pads,
-                 dilation=dilations, groups=node.attr("group", 1))
+    y = ops.conv(
+        ops.cast(x, "float64"),
+        ops.cast(w, "float64"),
+        stride=strides,
+        padding=pads,
+        dilation=dilations,
+        groups=node.attr("group", 1),
+    )
     return ops.cast(y, "int32")
 
 

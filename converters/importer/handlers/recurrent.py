@@ -13,8 +13,8 @@ import numpy as np
 from xdevice.converters.importer.handlers._nn import _rank, _unsupported
 from xdevice.converters.importer.registry import handler
 
-
 # -- recurrent layers -------------------------------------------------------------------------
+
 
 def _affine(ops, x, alpha, beta):
     return ops.add(ops.multiply(x, alpha), beta)
@@ -30,8 +30,11 @@ _ACTIVATIONS = {
     "thresholdedrelu": (lambda ops, x, a, b: ops.where(ops.greater(x, a), x, 0.0), 1.0, None),
     "scaledtanh": (lambda ops, x, a, b: ops.multiply(ops.tanh(ops.multiply(x, b)), a), 1.0, 1.0),
     "hardsigmoid": (lambda ops, x, a, b: ops.clip(_affine(ops, x, a, b), 0.0, 1.0), 0.2, 0.5),
-    "elu": (lambda ops, x, a, b: ops.where(ops.less(x, 0), ops.multiply(ops.subtract(ops.exp(x), 1.0), a), x),
-            1.0, None),
+    "elu": (
+        lambda ops, x, a, b: ops.where(ops.less(x, 0), ops.multiply(ops.subtract(ops.exp(x), 1.0), a), x),
+        1.0,
+        None,
+    ),
     "softsign": (lambda ops, x, a, b: ops.divide(x, ops.add(ops.abs(x), 1.0)), None, None),
     "softplus": (lambda ops, x, a, b: ops.softplus(x), None, None),
 }
@@ -57,7 +60,7 @@ def _activations(node, defaults: list[str], directions: int):
     per = len(defaults)
     if len(funcs) != per * directions:
         _unsupported(node, "number of activations", len(funcs), [str(per * directions)])
-    return [funcs[d * per:(d + 1) * per] for d in range(directions)]
+    return [funcs[d * per : (d + 1) * per] for d in range(directions)]
 
 
 def _reverse_steps(ops, x, lengths):
@@ -130,8 +133,13 @@ def _plain(node, defaults: list[str], lengths, directions: int) -> bool:
     """Whether the node computes what the op set's fused layer computes: default
     activations, no clipping, every sequence at full length."""
     names = [n.lower() for n in (node.attr("activations", None) or defaults * directions)]
-    return (lengths is None and node.attr("clip", None) is None and not node.attr("activation_alpha", None)
-            and not node.attr("activation_beta", None) and names == [n.lower() for n in defaults] * directions)
+    return (
+        lengths is None
+        and node.attr("clip", None) is None
+        and not node.attr("activation_alpha", None)
+        and not node.attr("activation_beta", None)
+        and names == [n.lower() for n in defaults] * directions
+    )
 
 
 def _gates(ops, m, order: tuple[int, ...]):
@@ -198,7 +206,7 @@ def _gru_step_factory(linear_before_reset: bool):
         xz, xr, xh = ops.split(xp, 3, axis=-1)
         rz, rr, rh = ops.split(rd, 3, axis=-1)
         bz, br, bh = ops.split(rb, 3, axis=-1) if rb is not None else (None, None, None)
-        plus = lambda a, bias: a if bias is None else ops.add(a, bias)  # noqa: E731
+        plus = lambda a, bias: a if bias is None else ops.add(a, bias)
         z = f(ops, _clip(ops, plus(ops.add(xz, ops.matmul(h, rz)), bz), clip))
         reset = f(ops, _clip(ops, plus(ops.add(xr, ops.matmul(h, rr)), br), clip))
         if linear_before_reset:
@@ -207,6 +215,7 @@ def _gru_step_factory(linear_before_reset: bool):
             candidate = plus(ops.add(xh, ops.matmul(ops.multiply(reset, h), rh)), bh)
         candidate = g(ops, _clip(ops, candidate, clip))
         return [ops.add(ops.multiply(ops.subtract(1.0, z), candidate), ops.multiply(z, h))]
+
     return step
 
 
@@ -216,8 +225,17 @@ def gru(ctx, node, x, w, r, b=None, sequence_lens=None, initial_h=None):
     ``linear_before_reset`` applies the reset gate after ``H R_h^T + Rb_h``."""
     directions = ctx.ops.shape(w)[0]
     if node.attr("linear_before_reset", 0) and _plain(node, ["Sigmoid", "Tanh"], sequence_lens, directions):
-        return _fused(ctx, node, x, w, r, b, [initial_h], (1, 0, 2),  # z r h -> r z n
-                      lambda ops, xs, init, wi, wh, wb, rb: ops.gru(xs, init[0], wi, wh, wb, rb))
+        return _fused(
+            ctx,
+            node,
+            x,
+            w,
+            r,
+            b,
+            [initial_h],
+            (1, 0, 2),  # z r h -> r z n
+            lambda ops, xs, init, wi, wh, wb, rb: ops.gru(xs, init[0], wi, wh, wb, rb),
+        )
     step = _gru_step_factory(bool(node.attr("linear_before_reset", 0)))
     return _recurrent(ctx, node, x, w, r, b, sequence_lens, [initial_h], step, ["Sigmoid", "Tanh"], 3)
 
@@ -229,8 +247,17 @@ def lstm(ctx, node, x, w, r, b=None, sequence_lens=None, initial_h=None, initial
     ops = ctx.ops
     couple = bool(node.attr("input_forget", 0))
     if p is None and not couple and _plain(node, ["Sigmoid", "Tanh", "Tanh"], sequence_lens, ops.shape(w)[0]):
-        return _fused(ctx, node, x, w, r, b, [initial_h, initial_c], (0, 2, 3, 1),  # i o f c -> i f g o
-                      lambda ops, xs, init, wi, wh, wb, rb: ops.lstm(xs, *init, wi, wh, ops.add(wb, rb)))
+        return _fused(
+            ctx,
+            node,
+            x,
+            w,
+            r,
+            b,
+            [initial_h, initial_c],
+            (0, 2, 3, 1),  # i o f c -> i f g o
+            lambda ops, xs, init, wi, wh, wb, rb: ops.lstm(xs, *init, wi, wh, ops.add(wb, rb)),
+        )
 
     def step(ops, acts, xp, states, rd, rb, clip, d):
         f, g, h_act = acts
@@ -240,7 +267,7 @@ def lstm(ctx, node, x, w, r, b=None, sequence_lens=None, initial_h=None, initial
             gates = ops.add(gates, rb)
         gi, go, gf, gc = ops.split(gates, 4, axis=-1)
         pi, po, pf = ops.split(ops.take(p, d, axis=0), 3) if p is not None else (None, None, None)
-        peep = lambda a, weight, state: a if weight is None else ops.add(a, ops.multiply(weight, state))  # noqa: E731
+        peep = lambda a, weight, state: a if weight is None else ops.add(a, ops.multiply(weight, state))
         i = f(ops, _clip(ops, peep(gi, pi, c), clip))
         forget = ops.subtract(1.0, i) if couple else f(ops, _clip(ops, peep(gf, pf, c), clip))
         c_new = ops.add(ops.multiply(forget, c), ops.multiply(i, g(ops, _clip(ops, gc, clip))))
@@ -248,5 +275,6 @@ def lstm(ctx, node, x, w, r, b=None, sequence_lens=None, initial_h=None, initial
         return [ops.multiply(o, h_act(ops, c_new)), c_new]
 
     del ops
-    return _recurrent(ctx, node, x, w, r, b, sequence_lens, [initial_h, initial_c], step,
-                      ["Sigmoid", "Tanh", "Tanh"], 4)
+    return _recurrent(
+        ctx, node, x, w, r, b, sequence_lens, [initial_h, initial_c], step, ["Sigmoid", "Tanh", "Tanh"], 4
+    )

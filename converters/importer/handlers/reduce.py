@@ -58,9 +58,13 @@ def _reduce(ctx, node, x, axes, noop: bool):
         axes = tuple(range(len(shape)))
     else:
         if any(not -len(shape) <= a < len(shape) for a in axes):
-            raise ConversionError(message(f"{node.op} node {node.name!r} has an axis out of range",
-                                          expected=f"axes in [{-len(shape)}, {len(shape) - 1}]",
-                                          received=axes))
+            raise ConversionError(
+                message(
+                    f"{node.op} node {node.name!r} has an axis out of range",
+                    expected=f"axes in [{-len(shape)}, {len(shape) - 1}]",
+                    received=axes,
+                )
+            )
         axes = tuple(sorted({a % len(shape) for a in axes}))
     if axes and any(isinstance(d, int) and d == 0 for d in shape):
         # numpy and the frameworks disagree (or raise) on empty reductions: ONNX's identity

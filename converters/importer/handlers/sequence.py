@@ -23,16 +23,21 @@ def _position(node, sequence: list, position, *, insert: bool = False) -> int:
     index = int(np.asarray(position).reshape(-1)[0])
     length = len(sequence)
     if not -length <= index <= (length if insert else length - 1):
-        raise ConversionError(message(f"{node.op} node {node.name!r} reads past the end of a sequence",
-                                      expected=f"a position in [{-length}, {length - (0 if insert else 1)}]",
-                                      received=index))
+        raise ConversionError(
+            message(
+                f"{node.op} node {node.name!r} reads past the end of a sequence",
+                expected=f"a position in [{-length}, {length - (0 if insert else 1)}]",
+                received=index,
+            )
+        )
     return index + length if index < 0 else index
 
 
 def _sequence(node, value) -> list:
     if not isinstance(value, list):
-        raise ConversionError(message(f"{node.op} node {node.name!r} expects a sequence",
-                                      received=type(value).__name__))
+        raise ConversionError(
+            message(f"{node.op} node {node.name!r} expects a sequence", received=type(value).__name__)
+        )
     return value
 
 
@@ -89,8 +94,13 @@ def split_to_sequence(ctx, node, x, split=None):
     else:
         sizes = [int(s) for s in split]
     if sum(sizes) != length:
-        raise ConversionError(message(f"SplitToSequence node {node.name!r} has split sizes that do not add up",
-                                      expected=f"sizes summing to {length}", received=sizes))
+        raise ConversionError(
+            message(
+                f"SplitToSequence node {node.name!r} has split sizes that do not add up",
+                expected=f"sizes summing to {length}",
+                received=sizes,
+            )
+        )
     return list(ops.split(x, sizes, axis=axis))
 
 
@@ -110,8 +120,13 @@ def sequence_map(ctx, node, sequence, *others):
     sequence = _sequence(node, sequence)
     for other in others:
         if isinstance(other, list) and len(other) != len(sequence):
-            raise ConversionError(message(f"SequenceMap node {node.name!r} maps sequences of different lengths",
-                                          expected=len(sequence), received=len(other)))
+            raise ConversionError(
+                message(
+                    f"SequenceMap node {node.name!r} maps sequences of different lengths",
+                    expected=len(sequence),
+                    received=len(other),
+                )
+            )
     outputs: list[list] = [[] for _ in body.outputs]
     for i, element in enumerate(sequence):
         inputs = [element] + [o[i] if isinstance(o, list) else o for o in others]
@@ -121,6 +136,7 @@ def sequence_map(ctx, node, sequence, *others):
 
 
 # -- optionals ----------------------------------------------------------------------------
+
 
 @handler("Optional", since=15)
 def optional(ctx, node, value=None):
@@ -138,19 +154,28 @@ def optional_has_element(ctx, node, value=None):
 def optional_get_element(ctx, node, value):
     if isinstance(value, Optional):  # a plain tensor or sequence is returned as it is (version 18)
         if value.value is None:
-            raise ConversionError(message(f"OptionalGetElement node {node.name!r} reads an empty optional",
-                                          fix="guard it with OptionalHasElement and If"))
+            raise ConversionError(
+                message(
+                    f"OptionalGetElement node {node.name!r} reads an empty optional",
+                    fix="guard it with OptionalHasElement and If",
+                )
+            )
         return value.value
     return value
 
 
 # -- strings ------------------------------------------------------------------------------
 
+
 def _strings(node, x) -> np.ndarray:
     if not isinstance(x, np.ndarray) or x.dtype.kind not in "OSU":
-        raise UnsupportedOp(message(f"{node.op} node {node.name!r} needs a string tensor",
-                                    expected="a numpy array of strings",
-                                    received=getattr(x, "dtype", type(x).__name__)))
+        raise UnsupportedOp(
+            message(
+                f"{node.op} node {node.name!r} needs a string tensor",
+                expected="a numpy array of strings",
+                received=getattr(x, "dtype", type(x).__name__),
+            )
+        )
     return x.astype(object)
 
 
@@ -171,7 +196,7 @@ def string_split(ctx, node, x):
     width = int(counts.max(initial=0))
     out = np.full((len(parts), width), "", dtype=object)
     for i, p in enumerate(parts):
-        out[i, :len(p)] = p
+        out[i, : len(p)] = p
     return out.reshape(*x.shape, width), counts
 
 
@@ -189,13 +214,23 @@ def string_normalizer(ctx, node, x):
     input keeps its rank, and an input left empty becomes ``[""]``."""
     x = _strings(node, x)
     if not (x.ndim == 1 or (x.ndim == 2 and x.shape[0] == 1)):
-        raise ConversionError(message(f"StringNormalizer node {node.name!r} got an input of the wrong shape",
-                                      expected="[C] or [1, C]", received=list(x.shape)))
+        raise ConversionError(
+            message(
+                f"StringNormalizer node {node.name!r} got an input of the wrong shape",
+                expected="[C] or [1, C]",
+                received=list(x.shape),
+            )
+        )
     action = node.attr("case_change_action", "NONE")
     change = {"NONE": lambda s: s, "LOWER": str.lower, "UPPER": str.upper}.get(action)
     if change is None:
-        raise UnsupportedOp(message(f"StringNormalizer node {node.name!r} has an unknown case_change_action",
-                                    received=action, choices=["NONE", "LOWER", "UPPER"]))
+        raise UnsupportedOp(
+            message(
+                f"StringNormalizer node {node.name!r} has an unknown case_change_action",
+                received=action,
+                choices=["NONE", "LOWER", "UPPER"],
+            )
+        )
     sensitive = node.attr("is_case_sensitive", 0)
     fold = (lambda s: s) if sensitive else str.lower
     stops = {fold(w) for w in node.attr("stopwords", [])}

@@ -11,8 +11,8 @@ import numpy as np
 from xdevice.converters.importer.handlers._nn import _HALF, _rank, _unsupported
 from xdevice.converters.importer.registry import handler
 
-
 # -- softmax family ---------------------------------------------------------------------------
+
 
 def _hardmax(ops, x, axis):
     length = ops.shape(x)[axis]
@@ -30,9 +30,7 @@ def _softmax(ops, x, axis):
     return ops.divide(e, ops.sum(e, axis=axis, keepdims=True))
 
 
-_SOFTMAX = {"Softmax": _softmax,
-            "LogSoftmax": lambda ops, x, axis: ops.log_softmax(x, axis=axis),
-            "Hardmax": _hardmax}
+_SOFTMAX = {"Softmax": _softmax, "LogSoftmax": lambda ops, x, axis: ops.log_softmax(x, axis=axis), "Hardmax": _hardmax}
 
 
 def _softmax_2d(ctx, node, x):
@@ -54,6 +52,7 @@ for _op in _SOFTMAX:
     handler(_op, since=13)(_softmax_axis)
 # -- losses -----------------------------------------------------------------------------------
 
+
 def _nll(ctx, node, log_prob, target, weight):
     """``-log_prob[n, target[n, ...], ...]`` weighted per class; ``ignore_index`` targets
     weigh 0, and ``mean`` divides by the total weight (the count when unweighted)."""
@@ -69,8 +68,11 @@ def _nll(ctx, node, log_prob, target, weight):
         weights = ops.take(weight, safe, axis=0)
     if ignore is not None:
         keep = ops.logical_not(ops.equal(target, ignore))
-        weights = ops.where(keep, weights if weights is not None else 1.0, 0.0) if weights is not None \
+        weights = (
+            ops.where(keep, weights if weights is not None else 1.0, 0.0)
+            if weights is not None
             else ops.cast(keep, ops.dtype(loss))
+        )
     if weights is not None:
         loss = ops.multiply(loss, weights)
     if reduction == "none":

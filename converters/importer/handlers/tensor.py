@@ -12,7 +12,6 @@ meaning, one handler reads the attribute and covers every version.
 from __future__ import annotations
 
 import math
-
 from typing import Any
 
 import numpy as np
@@ -52,10 +51,11 @@ def _keep_dtype(ctx, y, dtype: str):
 
 # -- shapes ------------------------------------------------------------------------------------
 
+
 @handler("Shape", since=1)
 def shape(ctx, node, x):
     """Shape-15's ``start``/``end`` slice the shape as Python does (defaults: all of it)."""
-    dims = tuple(ctx.ops.shape(x))[node.attr("start", 0):node.attr("end", None)]
+    dims = tuple(ctx.ops.shape(x))[node.attr("start", 0) : node.attr("end", None)]
     if _known(dims):  # static, so whatever consumes it still builds under tracing
         return np.asarray(dims, dtype=np.int64).reshape(len(dims))
     if all(is_symbolic(d) or isinstance(d, (int, np.integer)) for d in dims):
@@ -177,6 +177,7 @@ def tile_6(ctx, node, x, repeats):
 
 # -- slicing and indexing ----------------------------------------------------------------------
 
+
 def _slice(ctx, node, x, starts, ends, axes=None, steps=None):
     """ONNX bounds, clamped as the spec says, as Python slice bounds every backend reads."""
     dims = ctx.ops.shape(x)
@@ -224,7 +225,7 @@ def _flat_index(ctx, indices, dims):
     ops = ctx.ops
     index = ops.cast(indices, "int64")
     index = ops.where(ops.less(index, 0), ops.add(index, _int_tensor(ctx, dims)), index)
-    strides = [math.prod(dims[i + 1:]) for i in range(len(dims))]
+    strides = [math.prod(dims[i + 1 :]) for i in range(len(dims))]
     return ops.sum(ops.multiply(index, _int_tensor(ctx, strides)), axis=-1)
 
 
@@ -242,19 +243,20 @@ def gather_nd(ctx, node, x, indices):
     ops = ctx.ops
     dims, index_dims = ops.shape(x), ops.shape(indices)
     batch, depth = node.attr("batch_dims", 0), index_dims[-1]
-    flat = _flat_index(ctx, indices, dims[batch:batch + depth])
+    flat = _flat_index(ctx, indices, dims[batch : batch + depth])
     if batch:
         count = math.prod(dims[:batch])
-        offsets = np.arange(count, dtype=np.int64) * math.prod(dims[batch:batch + depth])
+        offsets = np.arange(count, dtype=np.int64) * math.prod(dims[batch : batch + depth])
         flat = ops.add(flat, ops.asarray(offsets.reshape(*dims[:batch], *[1] * (len(index_dims) - 1 - batch))))
-    table = ops.reshape(x, (math.prod(dims[:batch + depth]), *dims[batch + depth:]))
+    table = ops.reshape(x, (math.prod(dims[: batch + depth]), *dims[batch + depth :]))
     return ops.take(table, flat, axis=0)
 
 
 def _check_reduction(node, reduction: str, allowed) -> str:
     if reduction not in allowed:
-        raise UnsupportedOp(message(f"{node.op} node {node.name!r}: unsupported reduction", received=reduction,
-                                    choices=list(allowed)))
+        raise UnsupportedOp(
+            message(f"{node.op} node {node.name!r}: unsupported reduction", received=reduction, choices=list(allowed))
+        )
     return reduction
 
 
@@ -283,8 +285,9 @@ def scatter_nd(ctx, node, x, indices, updates):
     flat = ops.reshape(_flat_index(ctx, indices, dims[:depth]), (-1, 1))
     count = ops.shape(flat)[0]
     table = ops.reshape(x, (math.prod(dims[:depth]), rest))
-    out = ops.scatter(table, ops.broadcast_to(flat, (count, rest)), ops.reshape(updates, (count, rest)),
-                      axis=0, reduction=reduction)
+    out = ops.scatter(
+        table, ops.broadcast_to(flat, (count, rest)), ops.reshape(updates, (count, rest)), axis=0, reduction=reduction
+    )
     return ops.reshape(out, dims)
 
 
@@ -311,8 +314,7 @@ def nonzero(ctx, node, x):
 def unique(ctx, node, x):
     """numpy.unique; with ``sorted=0`` the unique values come in order of first occurrence."""
     x, axis = np.asarray(x), node.attr("axis")
-    values, first, inverse, counts = np.unique(x, return_index=True, return_inverse=True, return_counts=True,
-                                               axis=axis)
+    values, first, inverse, counts = np.unique(x, return_index=True, return_inverse=True, return_counts=True, axis=axis)
     inverse = inverse.reshape(-1)
     if not node.attr("sorted", 1):
         order = np.argsort(first, kind="stable")
@@ -329,7 +331,7 @@ def reverse_sequence(ctx, node, x, lengths):
     ops = ctx.ops
     dims = ops.shape(x)
     time_axis, batch_axis = node.attr("time_axis", 0), node.attr("batch_axis", 1)
-    along = lambda axis, size: [size if i == axis else 1 for i in range(len(dims))]  # noqa: E731
+    along = lambda axis, size: [size if i == axis else 1 for i in range(len(dims))]
     steps = ops.asarray(np.arange(dims[time_axis], dtype=np.int64).reshape(along(time_axis, dims[time_axis])))
     lengths = ops.reshape(ops.cast(lengths, "int64"), along(batch_axis, dims[batch_axis]))
     source = ops.where(ops.less(steps, lengths), ops.subtract(ops.subtract(lengths, 1), steps), steps)
@@ -345,20 +347,26 @@ def _pad(ctx, node, x, pads, mode: str, value, axes=None):
     """ONNX pads ``[begin..., end...]`` over ``axes``; negative pads crop."""
     ops = ctx.ops
     if mode not in _PAD_MODES:
-        raise UnsupportedOp(message(f"Pad node {node.name!r}: unsupported mode", received=mode,
-                                    choices=list(_PAD_MODES)))
+        raise UnsupportedOp(
+            message(f"Pad node {node.name!r}: unsupported mode", received=mode, choices=list(_PAD_MODES))
+        )
     dims = ops.shape(x)
     rank, pads = len(dims), _ints(pads)
     axes = list(range(rank)) if axes is None else _axes(_ints(axes), rank)
     if len(pads) != 2 * len(axes):
-        raise _invalid(node, "wrong number of pads", expected=f"{2 * len(axes)} (begin and end per axis)",
-                       received=len(pads))
+        raise _invalid(
+            node, "wrong number of pads", expected=f"{2 * len(axes)} (begin and end per axis)", received=len(pads)
+        )
     widths = [[0, 0] for _ in range(rank)]
     for i, axis in enumerate(axes):
         widths[axis] = [pads[i], pads[i + len(axes)]]
     if any(b < 0 or e < 0 for b, e in widths):
-        x = ops.slice(x, [max(-b, 0) for b, _ in widths], [dims[a] - max(-e, 0) for a, (_, e) in enumerate(widths)],
-                      list(range(rank)))
+        x = ops.slice(
+            x,
+            [max(-b, 0) for b, _ in widths],
+            [dims[a] - max(-e, 0) for a, (_, e) in enumerate(widths)],
+            list(range(rank)),
+        )
         dims = ops.shape(x)
     widths = [(max(b, 0), max(e, 0)) for b, e in widths]
     if not any(b or e for b, e in widths):
@@ -406,6 +414,7 @@ def center_crop_pad(ctx, node, x, target):
 
 # -- constants and generators ------------------------------------------------------------------
 
+
 @handler("Constant", since=1)
 def constant(ctx, node):
     """Every ``value*`` attribute: a tensor, a sparse tensor (11) or a number, numbers or
@@ -415,13 +424,20 @@ def constant(ctx, node):
         return np.asarray(attrs["value"])
     if "sparse_value" in attrs:
         return _dense(attrs["sparse_value"])
-    kinds = {"value_float": np.float32, "value_floats": np.float32, "value_int": np.int64,
-             "value_ints": np.int64, "value_string": object, "value_strings": object}
+    kinds = {
+        "value_float": np.float32,
+        "value_floats": np.float32,
+        "value_int": np.int64,
+        "value_ints": np.int64,
+        "value_string": object,
+        "value_strings": object,
+    }
     for name, dtype in kinds.items():
         if name in attrs:
             return np.asarray(attrs[name], dtype=dtype)
-    raise _invalid(node, "no value attribute", expected="one of value, sparse_value, " + ", ".join(kinds),
-                   received=sorted(attrs))
+    raise _invalid(
+        node, "no value attribute", expected="one of value, sparse_value, " + ", ".join(kinds), received=sorted(attrs)
+    )
 
 
 def _dense(sparse) -> np.ndarray:
@@ -458,8 +474,9 @@ def _range(start, limit, delta, stash: int | None):
 def range_11(ctx, node, start, limit, delta):
     bounds = [np.asarray(v).reshape(()).item() for v in (start, limit, delta)]
     if any(is_symbolic(b) for b in bounds):  # up to a traced length: the framework's own arange
-        return ctx.ops.arange(*bounds, dtype=np.asarray(start).dtype.name if np.asarray(start).dtype != object
-                              else "int64")
+        return ctx.ops.arange(
+            *bounds, dtype=np.asarray(start).dtype.name if np.asarray(start).dtype != object else "int64"
+        )
     return _range(start, limit, delta, None)
 
 
@@ -501,6 +518,7 @@ def trilu(ctx, node, x, k=None):
 
 
 # -- sorting and arg-reductions ----------------------------------------------------------------
+
 
 def _arg(ctx, node, x, method: str):
     """ArgMax/ArgMin; ``select_last_index`` (12) searches the reversed axis."""
@@ -572,6 +590,7 @@ def cum_prod(ctx, node, x, axis):
 
 # -- matrix products ---------------------------------------------------------------------------
 
+
 @handler("MatMul", since=1)
 def matmul(ctx, node, a, b):
     return ctx.ops.matmul(a, b)
@@ -619,11 +638,13 @@ def det(ctx, node, x):
 
 # -- depth and space blocks --------------------------------------------------------------------
 
+
 def _block_mode(node) -> str:
     mode = node.attr("mode", "DCR")
     if mode not in ("DCR", "CRD"):
-        raise UnsupportedOp(message(f"{node.op} node {node.name!r}: unsupported mode", received=mode,
-                                    choices=["DCR", "CRD"]))
+        raise UnsupportedOp(
+            message(f"{node.op} node {node.name!r}: unsupported mode", received=mode, choices=["DCR", "CRD"])
+        )
     return mode
 
 
@@ -634,10 +655,10 @@ def depth_to_space(ctx, node, x):
     ops, size = ctx.ops, node.attr("blocksize")
     n, c, h, w = ops.shape(x)
     if _block_mode(node) == "DCR":
-        y = ops.transpose(ops.reshape(x, (n, size, size, c // size ** 2, h, w)), (0, 3, 4, 1, 5, 2))
+        y = ops.transpose(ops.reshape(x, (n, size, size, c // size**2, h, w)), (0, 3, 4, 1, 5, 2))
     else:
-        y = ops.transpose(ops.reshape(x, (n, c // size ** 2, size, size, h, w)), (0, 1, 4, 2, 5, 3))
-    return ops.reshape(y, (n, c // size ** 2, h * size, w * size))
+        y = ops.transpose(ops.reshape(x, (n, c // size**2, size, size, h, w)), (0, 1, 4, 2, 5, 3))
+    return ops.reshape(y, (n, c // size**2, h * size, w * size))
 
 
 @handler("SpaceToDepth", since=1)
