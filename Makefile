@@ -9,7 +9,7 @@ BIN      := $(VENV)/bin
 HAS_GPU  := $(shell nvidia-smi -L >/dev/null 2>&1 && echo yes)
 PLATFORM := $(if $(HAS_GPU),gpu,cpu)
 STAMP    := $(VENV)/.installed-$(PLATFORM)
-EXTRAS   := torch,jax,onnx,export,serve,nvml,plot,log,test
+EXTRAS   := torch,jax,onnx,export,serve,nvml,plot,log,test,docs
 
 # TensorFlow's CPU and CUDA builds are different packages, as are JAX's CUDA plugins.
 FRAMEWORKS_cpu := tensorflow-cpu
@@ -17,7 +17,7 @@ FRAMEWORKS_gpu := tensorflow[and-cuda] jax[cuda13]
 
 export TF_CPP_MIN_LOG_LEVEL ?= 3
 
-.PHONY: demo test test-models test-gpu lint install clean
+.PHONY: demo test test-models test-gpu lint docs install clean
 
 demo: $(STAMP)
 	$(BIN)/python examples/device_tour.py
@@ -28,7 +28,7 @@ demo: $(STAMP)
 # Two workers (pytest-xdist), each taking whole files: 13.5 min here instead of 20 in one.
 TEST_WORKERS ?= 2
 
-test: $(STAMP)
+test: lint
 	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile --durations=25
 
 # The longer sets behind the realworld marker: the whole real-model suite (tests/realworld:
@@ -45,10 +45,17 @@ test-gpu:
 	else $(VENV_PYTHON) -m pip install -q --no-build-isolation --no-deps -e .; fi
 	$(VENV_PYTHON) -m pytest -m gpu --xdevice-devices=auto -p no:cacheprovider
 
-# import-linter's contracts (pyproject.toml); grimp reads folders, and xdevice/backends and
-# xdevice/converters are links to the top-level backends/ and converters/ (pyproject's package-dir)
+# The promises the tools keep (make test runs this first): ruff's lint and format, the layer
+# contracts (import-linter; xdevice/backends and xdevice/converters are links to the top-level
+# folders, so grimp sees the package as installed), and the type checker (pyproject.toml).
 lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
 	$(BIN)/lint-imports --no-cache
+
+# The documentation site (mkdocs.yml), built into site/; a warning fails it.
+docs: $(STAMP)
+	$(BIN)/mkdocs build --strict
 
 install: $(STAMP)
 

@@ -114,6 +114,13 @@ class Backend(abc.ABC):
         always can, so by default there is nothing to do)."""
         return None
 
+    def kink_margin(self) -> contextlib.AbstractContextManager[list[float]]:
+        """A context that collects, while active, how close each kinked op (relu and abs at
+        0, max at ties) came to its kink, relative to its input's scale. Parity asks the
+        reference backend (numpy's autodiff records it) to pick inputs whose gradients float32
+        rounding cannot flip; a backend without the instrument collects nothing."""
+        return contextlib.nullcontext([])
+
     def gpu_libraries(self) -> dict[str, str]:
         """The GPU libraries this build found, by name (``{"cudnn": "91002"}``); {} when it
         tells nothing or uses none."""

@@ -1,5 +1,7 @@
 """``NumpyBackend``: the mixins of this folder assembled into the reference backend."""
 
+import contextlib
+
 from xdevice.backends.base import Backend
 from xdevice.backends.numpy.autodiff import Autodiff, TapedOps, kink_margin
 from xdevice.backends.numpy.devices import Devices
@@ -23,8 +25,5 @@ class NumpyBackend(Devices, Memory, Placement, Autodiff, Export, Backend):
     has_default_device = False  # numpy arrays always live in host memory
     ops = TapedOps()  # records a gradient tape whenever an input is a Var
 
-    @staticmethod
-    def kink_margin():
-        """A context collecting each kinked op's closest approach to its kink while active
-        (the reference's own instrument, for parity's choice of inputs)."""
+    def kink_margin(self) -> contextlib.AbstractContextManager[list[float]]:
         return kink_margin()
