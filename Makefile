@@ -9,7 +9,7 @@ BIN      := $(VENV)/bin
 HAS_GPU  := $(shell nvidia-smi -L >/dev/null 2>&1 && echo yes)
 PLATFORM := $(if $(HAS_GPU),gpu,cpu)
 STAMP    := $(VENV)/.installed-$(PLATFORM)
-EXTRAS   := torch,jax,onnx,export,serve,nvml,plot,log,test,docs
+EXTRAS   := torch,jax,onnx,export,serve,nvml,plot,log,data,test,docs
 
 # TensorFlow's CPU and CUDA builds are different packages, as are JAX's CUDA plugins.
 FRAMEWORKS_cpu := tensorflow-cpu
@@ -52,6 +52,9 @@ lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/lint-imports --no-cache
+	$(BIN)/mypy
+	@! grep -rnE --include='*.py' '# (noqa(: [A-Z0-9, ]+)?|type: ignore(\[[a-z, -]+\])?)\s*$$' xdevice backends converters tests examples benchmarks docs || { echo 'a # noqa or # type: ignore needs its reason after it'; exit 1; }
+	$(BIN)/python -m pytest --doctest-modules xdevice -q -p no:cacheprovider
 
 # The documentation site (mkdocs.yml), built into site/; a warning fails it.
 docs: $(STAMP)

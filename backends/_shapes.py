@@ -65,7 +65,7 @@ def conv_padding(padding, spatial, kernel, stride, dilation) -> list[tuple[int, 
     padding = list(padding)
     if all(isinstance(p, int) for p in padding):
         return [(p, p) for p in padding]
-    return [tuple(int(v) for v in p) for p in padding]
+    return [(int(before), int(after)) for before, after in padding]
 
 
 def pool_padding(padding, spatial, window, stride, dilation, ceil_mode) -> list[tuple[int, int]]:

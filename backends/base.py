@@ -8,13 +8,26 @@ other: ``devices.py``, ``memory.py``, ``placement.py``, ``autodiff.py``, ``nativ
 parallelism where there is one, ``ops.py`` the backend's implementation of the op set
 (``opset.Ops``), and ``backend.py`` assembles the mixins into the backend class.
 
-Two things live outside the class, so that core can use them without importing the framework:
+Some things live outside the class, so that core can use them without importing the framework:
 
-- the package's ``__init__`` imports no framework and may define ``gpu_build()``: whether
-  the installed build supports GPUs, read from package metadata (the registry asks it);
+- the package's ``__init__`` imports no framework; it defines ``TITLE``, the framework's name
+  for people (the class's ``title`` and the registry read it), and may define
+  ``gpu_build()``: whether the installed build supports GPUs, read from package metadata
+  (the registry asks it);
 - ``training.py`` adapts the framework's own models to the trainer (``program(backend,
   model, device)``, and ``split(backend, model, devices)`` where a sequential model can be
-  cut into stages); the trainer loads it through the registry, the backend never imports it.
+  cut into stages); the trainer loads it through the registry, the backend never imports it;
+- ``launch.py``, which imports no framework, is the hook through which the backend sets what
+  its engine needs to run in the N processes ``xdevice launch`` started:
+  ``environment(rendezvous) -> dict[str, str]`` (PyTorch's ``MASTER_ADDR``/``MASTER_PORT``,
+  JAX's coordinator, TensorFlow's ``TF_CONFIG``), learnt through the launcher's
+  ``xdevice._processes.Rendezvous``; every worker calls the hook of every installed backend
+  before the script runs, so the launcher knows none of the variables, and a backend without
+  ``launch.py`` needs none. ``join_processes`` reads them back;
+- ``agent.py``, where a backend provides one, is a process launcher for ``xdevice launch``
+  (PyTorch's: torchrun's elastic agent), found by the registry as the ``agent`` module
+  (``_registry.providers("agent")``): ``arguments(script, args, **flags)`` and
+  ``run(arguments) -> exit code``; its workers call ``_processes.environment``.
 
 Capability flags say what a backend cannot do. Core checks them with :meth:`require`, so
 asking for a missing capability raises a clear ``ConfigurationError`` instead of doing
@@ -243,7 +256,7 @@ class Backend(abc.ABC):
     @abc.abstractmethod
     def export_onnx(self, target: Any, example_inputs: tuple[Any, ...], opset: int, axes: list[dict[int, str]]) -> Any:
         """``target`` (this framework's own callable model) as an ``onnx.ModelProto``, traced
-        on the numpy ``example_inputs``, its outputs flattened by ``_common.flat_outputs``;
+        on the numpy ``example_inputs``, its outputs flattened by ``_model_io.flat_outputs``;
         ``axes`` names, per input, the axes that stay symbolic (``{0: "batch", 1: "seq"}``;
         one name is one size across inputs). ``opset`` is a request:
         the exporter may write another, which the caller reads back."""
@@ -260,7 +273,7 @@ class Backend(abc.ABC):
         backend) to ``path`` in the framework's own saved format (``saved_format``), loadable
         without xdevice. ``specs`` are ``(name, dtype, shape)`` per input, each dimension a
         size (fixed) or a name (symbolic: any size, one size per name across inputs; the
-        name may need :func:`~xdevice.backends._common.identifier` first); ``examples`` are
+        name may need :func:`~xdevice.backends._export.identifier` first); ``examples`` are
         numpy inputs to trace with, one distinct size per name; ``dynamic`` is False when
         every dimension is fixed."""
         raise ConversionError(

@@ -1,6 +1,7 @@
 """The xdevice command line."""
 
 import json
+import os
 import subprocess
 import sys
 
@@ -76,3 +77,30 @@ def test_long_commands_say_what_they_are_doing_on_stderr_and_keep_stdout_clean()
     assert result.returncode == 0, result.stderr
     assert "parity: mlp (1/2)" in result.stderr and "parity: cnn (2/2)" in result.stderr
     json.loads(result.stdout)  # nothing but the report on stdout
+
+
+def test_exporting_from_numpy_is_refused_by_xdevice_with_the_reason_not_by_argparse(tmp_path):
+    result = _run("export", "mlp", "--backend", "numpy", "--output", str(tmp_path / "mlp.onnx"))
+    assert result.returncode == 2 and "invalid choice" not in result.stderr and "Traceback" not in result.stderr
+    assert "ConversionError: numpy has no ONNX exporter" in result.stderr and "Valid choices: torch" in result.stderr
+    assert not (tmp_path / "mlp.onnx").exists()
+
+
+def test_a_backend_registered_through_the_entry_point_is_a_choice_wherever_a_builtin_one_is(tmp_path):
+    """A third-party distribution registers ``nosuchframework``; its framework is not installed."""
+    dist = tmp_path / "xdevice_plugin_demo-1.0.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: xdevice-plugin-demo\nVersion: 1.0\n")
+    (dist / "entry_points.txt").write_text(
+        "[xdevice.backends]\nnosuchframework = xdevice.backends.numpy:NumpyBackend\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+
+    def run(*args):
+        return subprocess.run([sys.executable, "-m", "xdevice", *args], capture_output=True, text=True, env=env)
+
+    for command in ("export", "convert", "estimate-memory"):
+        assert "nosuchframework" in run(command, "--help").stdout, command
+    result = run("export", "mlp", "--backend", "nosuchframework")
+    assert result.returncode == 2 and "invalid choice" not in result.stderr
+    assert "BackendUnavailable" in result.stderr and "Fix: pip install nosuchframework" in result.stderr

@@ -98,7 +98,7 @@ def test_the_reference_measures_how_close_inputs_come_to_a_kink():
 
 
 def test_parity_draws_example_inputs_clear_of_kinks():
-    from xdevice._parity import KINK_MARGIN, _clear_example, _kink_margin
+    from xdevice.testing._parity import KINK_MARGIN, _clear_example, _kink_margin
 
     reference = xdevice.models.build("resnet").to("numpy", dtype="float64")
     x, margin = _clear_example(reference, 4, 0)
@@ -106,7 +106,7 @@ def test_parity_draws_example_inputs_clear_of_kinks():
 
 
 def test_gradient_violations_on_kinked_inputs_say_why():
-    from xdevice._parity import KINK_MARGIN, _kink_margin
+    from xdevice.testing._parity import KINK_MARGIN, _kink_margin
 
     model = xdevice.models.build("resnet", widths=[16, 32])
     x = model.example_input(4, 0)  # a ReLU input within 2e-7 of zero

@@ -93,22 +93,22 @@ def _models_of_every_framework():
 
 def test_every_caller_gets_the_same_owner_for_every_kind_of_model():
     from xdevice import _registry
-    from xdevice.converters.export import _framework_of
+    from xdevice.converters.detect import framework_of
     from xdevice.training.programs import _owner
 
     for model, expected in _models_of_every_framework():
         backend, kind = _registry.owner(model)
         assert (backend.name, kind) == (expected, "model"), model
-        assert _framework_of(model) == expected and _owner(model).name == expected
+        assert framework_of(model) == expected and _owner(model).name == expected
 
 
 def test_an_object_nobody_owns_gets_one_error_listing_what_each_backend_accepts():
-    from xdevice.converters.export import _framework_of
+    from xdevice.converters.detect import framework_of
     from xdevice.training.programs import _owner
 
     _models_of_every_framework()  # every framework loaded: each lists what it accepts
     with pytest.raises(xdevice.ConversionError) as exported:
-        _framework_of(object())
+        framework_of(object())
     with pytest.raises(xdevice.ConfigurationError) as trained:
         _owner(object())
     for error in (exported, trained):
@@ -126,3 +126,31 @@ def test_the_owner_of_a_type_is_remembered_and_containers_are_not():
     assert _registry._owners[np.ndarray] == (xdevice.backend("numpy"), "array")
     _registry.owner((lambda p, x: x, {"w": np.ones(2)}))
     assert tuple not in _registry._owners
+
+
+def test_titles_and_providers_are_read_without_importing_a_framework(run_python):
+    result = run_python("""
+        import json, sys
+        from xdevice import _registry
+        out = {
+            "titles": {name: _registry.title(name) for name in _registry.backends(all=True)},
+            "agents": _registry.providers("agent", all=True),
+            "imported": [m for m in ("torch", "jax", "tensorflow") if m in sys.modules],
+        }
+        print(json.dumps(out))
+    """)
+    assert result.returncode == 0, result.stderr
+    out = json.loads(result.stdout)
+    assert out["titles"] == {"numpy": "NumPy", "torch": "PyTorch", "jax": "JAX", "tensorflow": "TensorFlow"}
+    assert out["agents"] == ["torch"] and out["imported"] == []
+
+
+def test_a_backend_whose_package_has_no_title_is_called_by_its_name(tmp_path, run_python):
+    dist = tmp_path / "xdevice_plugin_demo-1.0.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: xdevice-plugin-demo\nVersion: 1.0\n")
+    (dist / "entry_points.txt").write_text("[xdevice.backends]\nnosuchframework = json:JSONDecoder\n")
+    result = run_python(
+        "from xdevice import _registry; print(_registry.title('nosuchframework'))", env={"PYTHONPATH": str(tmp_path)}
+    )
+    assert result.returncode == 0 and result.stdout.strip() == "nosuchframework", result.stderr

@@ -8,6 +8,8 @@ first use. The public API is re-exported here from private modules.
 True
 """
 
+from typing import TYPE_CHECKING, Any
+
 from xdevice import backends  # the callable package: xdevice.backends() lists installed ones
 from xdevice._configure import configure
 from xdevice._device import Device, device
@@ -24,13 +26,15 @@ from xdevice._errors import (
     XDeviceError,
 )
 from xdevice._memory import memory_stats
-from xdevice._parity import ParityReport, parity
 from xdevice._placement import DeviceFallbackWarning, Placement, current_device, on
 from xdevice._processes import join_processes
 from xdevice._registry import backend
 from xdevice._tensors import backend_of, convert, device_of, to_device
 from xdevice._tolerance import Comparison, compare
 from xdevice._types import Applied, Config, ConfigReport, MemoryStats
+
+if TYPE_CHECKING:  # loaded on first use by __getattr__ below
+    from xdevice.testing import ParityReport, parity
 
 __version__ = "0.1.0"
 
@@ -76,9 +80,10 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str):
+def __getattr__(name: str) -> Any:
     """``fit``, ``Trainer``, ``replicate`` and ``estimate_memory`` load the training package on
-    first use, not at ``import xdevice``."""
+    first use, not at ``import xdevice``; ``parity`` and ``ParityReport`` load
+    ``xdevice.testing``, which sits above the zoo."""
     if name in ("fit", "Trainer"):
         from xdevice.training import trainer
 
@@ -91,4 +96,8 @@ def __getattr__(name: str):
         from xdevice.training.memory import estimate_memory
 
         return estimate_memory
+    if name in ("parity", "ParityReport"):
+        from xdevice import testing
+
+        return getattr(testing, name)
     raise AttributeError(f"module 'xdevice' has no attribute {name!r}")

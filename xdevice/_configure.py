@@ -21,6 +21,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+from collections.abc import Mapping, Sequence
 
 from xdevice import _registry
 from xdevice._discovery import clear_cache, nvml_gpus, nvml_physical_gpus, visible_gpu_indices
@@ -35,9 +36,9 @@ _lock = threading.Lock()
 
 
 def configure(
-    visible=None,
+    visible: str | int | Sequence[object] | None = None,
     memory_growth: bool | None = None,
-    memory_limit=None,
+    memory_limit: int | str | Mapping[object, int | str] | None = None,
     cpu_devices: int | None = None,
     *,
     backends: list[str] | None = None,
@@ -62,7 +63,10 @@ def configure(
             named in ``backends``) a setting it cannot honour.
         DeviceNotFound: ``visible`` names a GPU that does not exist.
 
-    >>> report = configure(cpu_devices=2, backends=["numpy"])  # doctest: +SKIP
+    >>> report = configure(cpu_devices=4)  # at the top of a program, before any computation  # doctest: +SKIP
+    >>> configure(cpu_devices=2, backends=["numpy"])  # doctest: +IGNORE_EXCEPTION_DETAIL
+    Traceback (most recent call last):
+    ConfigurationError: Backend 'numpy' cannot apply cpu_devices=2 (it has a single CPU device)
     """
     config = Config.make(visible, memory_growth, memory_limit, cpu_devices)
     names = _registry.backends() if backends is None else list(backends)
@@ -104,9 +108,10 @@ def current_config(backend: str) -> Config | None:
 
 
 def _set_visible(config: Config, names: list[str]) -> list[Applied]:
+    visible = config.visible or ()
     physical = nvml_physical_gpus()
     order = visible_gpu_indices([uuid for uuid, _ in physical])  # what is visible now
-    missing = [str(d) for d in config.visible if d.index >= len(order)]
+    missing = [str(d) for d in visible if d.index >= len(order)]
     if missing:
         raise DeviceNotFound(
             message(
@@ -117,7 +122,7 @@ def _set_visible(config: Config, names: list[str]) -> list[Applied]:
                 fix="drop them, or check `xdevice devices`",
             )
         )
-    indices = ",".join(str(order[d.index]) for d in config.visible)
+    indices = ",".join(str(order[d.index]) for d in visible)
     os.environ["CUDA_VISIBLE_DEVICES"] = indices
     os.environ["HIP_VISIBLE_DEVICES"] = indices
     return [

@@ -22,6 +22,7 @@ import functools
 import os
 import platform
 import threading
+from typing import Any
 
 from xdevice import _registry
 from xdevice._device import KINDS, Device, device
@@ -92,8 +93,10 @@ def find(spec: object, backend: str | None = None) -> Device:
         DeviceNotFound: it does not exist; the message lists those that do and the
             nearest name.
 
-    >>> find("cpu")
-    Device('cpu:0', ...)  # doctest: +SKIP
+    >>> find("cpu")  # doctest: +ELLIPSIS
+    Device('cpu:0'...)
+    >>> str(find("/device:CPU:0"))
+    'cpu:0'
     """
     try:
         return _found[spec, backend]
@@ -189,7 +192,7 @@ def nvml_gpus() -> list[Device]:
     return [Device("gpu", new, **physical[old][1]) for new, old in enumerate(order)]
 
 
-def nvml_physical_gpus() -> list[tuple[str, dict]]:
+def nvml_physical_gpus() -> list[tuple[str, dict[str, Any]]]:
     """``(uuid, facts)`` for every NVIDIA GPU in physical order, ignoring visibility."""
     try:
         import pynvml

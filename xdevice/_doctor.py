@@ -18,6 +18,7 @@ import dataclasses
 import json
 
 from xdevice import _registry
+from xdevice._device import Device
 from xdevice._discovery import _distributions, devices, nvml_gpus
 
 __all__ = [
@@ -268,10 +269,10 @@ def _identity_model() -> bytes:
     graph = helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "doctor", [value], [out])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
     model.ir_version = 8
-    return model.SerializeToString()
+    return bytes(model.SerializeToString())
 
 
-def _cuda(gpus) -> list[Finding]:
+def _cuda(gpus: list[Device]) -> list[Finding]:
     if not gpus:
         return []
     findings = []

@@ -13,10 +13,12 @@ Decisions:
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import threading
 import warnings
+from typing import Any
 
 from xdevice import _registry
 from xdevice._device import Device, device
@@ -81,7 +83,7 @@ class _On:
 
     def __init__(self, wanted: Device, soft: bool, log: bool, asked: str | None = None):
         self.wanted, self.soft, self.log, self.asked = wanted, soft, log, asked
-        self.scopes: list = []
+        self.scopes: list[list[contextlib.AbstractContextManager[Any]]] = []
 
     def __enter__(self) -> Placement:
         wanted = self.wanted
@@ -89,7 +91,7 @@ class _On:
         active = [b for b in _registry.active_backends() if b.has_default_device]
         if not active and wanted not in devices():
             _fallback(wanted, "this machine", [str(d) for d in devices()], self.soft, self.asked)
-        scopes = []
+        scopes: list[contextlib.AbstractContextManager[Any]] = []
         try:
             for backend in active:
                 present = devices(backend=backend.name)
@@ -116,12 +118,12 @@ class _On:
         _local.__dict__.setdefault("stack", []).append(wanted)
         return placement
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: Any) -> None:
         _local.stack.pop()
         _leave(self.scopes.pop(), *exc)
 
 
-def _leave(scopes: list, *exc) -> None:
+def _leave(scopes: list[contextlib.AbstractContextManager[Any]], *exc: Any) -> None:
     for scope in reversed(scopes):
         scope.__exit__(*(exc or (None, None, None)))
 

@@ -8,7 +8,8 @@ backends are registered through the same entry-point group as any third-party on
 It also answers, once for every caller, which backend owns an object (:func:`owner`: only
 frameworks already imported are asked, and the answer is cached by type, as einops does),
 and reaches the parts of a backend package that core may use without importing the
-framework (:func:`gpu_build`) or that load only when needed (:func:`extension`).
+framework (:func:`gpu_build`, :func:`title`) or that load only when needed (:func:`extension`,
+found by what they provide with :func:`providers`).
 """
 
 from __future__ import annotations
@@ -35,12 +36,13 @@ __all__ = [
     "pip_line",
     "owner",
     "extension",
+    "providers",
     "gpu_build",
+    "title",
 ]
 
 GROUP = "xdevice.backends"
 _BUILTIN_ORDER = ("numpy", "torch", "jax", "tensorflow")
-_TITLES = {"numpy": "NumPy", "torch": "PyTorch", "jax": "JAX", "tensorflow": "TensorFlow"}
 
 _cache: dict[str, Backend] = {}
 _lock = threading.RLock()
@@ -114,10 +116,9 @@ def backend(name: str) -> Backend:
                 )
             )
         if not is_installed(name):
-            title = _TITLES.get(name, name)
             raise BackendUnavailable(
                 message(
-                    f"Backend {name!r} needs {title}, which is not installed",
+                    f"Backend {name!r} needs {title(name)}, which is not installed",
                     expected=f"an importable {name!r} module",
                     received="no such module",
                     choices=backends(),
@@ -125,7 +126,7 @@ def backend(name: str) -> Backend:
                 )
             )
         try:
-            cls = points[name].load()
+            cls: type[Backend] = points[name].load()
             instance = cls()
         except ImportError as error:
             raise BackendUnavailable(
@@ -217,12 +218,55 @@ def extension(name: str, part: str) -> types.ModuleType | None:
         return None
 
 
+def providers(part: str, *, all: bool = False) -> list[str]:
+    """Installed backends whose package has the module ``part``, in registry order: those that
+    provide what it holds (``"agent"``: a process launcher for ``xdevice launch``). Only the
+    packages are imported (they import no framework), not the modules.
+
+    Args:
+        all: also list registered backends whose framework is not installed.
+
+    >>> providers("agent", all=True)
+    ['torch']
+    """
+    found = []
+    for name in backends(all=all):
+        try:
+            if importlib.util.find_spec(f"{_entry_points()[name].module}.{part}") is not None:
+                found.append(name)
+        except ImportError:  # the package itself cannot be imported: it provides nothing
+            continue
+    return found
+
+
 def gpu_build(name: str) -> bool:
     """Whether backend ``name``'s installed build supports GPUs, asked of its package's
     ``gpu_build()`` (which reads package metadata and imports no framework); False for a
     backend that does not say."""
-    points = _entry_points()
-    if name not in points or not is_installed(name):
+    if not is_installed(name):
         return False
-    hook = getattr(importlib.import_module(points[name].module), "gpu_build", None)
+    hook = getattr(_package(name), "gpu_build", None)
     return bool(hook()) if hook is not None else False
+
+
+def title(name: str) -> str:
+    """The framework's name for people (``"PyTorch"``), read from the ``TITLE`` of backend
+    ``name``'s package, which imports no framework; the name itself for a backend that does not
+    say. The backend class reads the same constant.
+
+    >>> title("tensorflow")
+    'TensorFlow'
+    """
+    return str(getattr(_package(name), "TITLE", name))
+
+
+def _package(name: str) -> types.ModuleType | None:
+    """The package that registers backend ``name`` (its ``__init__`` imports no framework), or
+    None when there is no such backend or the package cannot be imported."""
+    points = _entry_points()
+    if name not in points:
+        return None
+    try:
+        return importlib.import_module(points[name].module)
+    except ImportError:
+        return None

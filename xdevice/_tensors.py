@@ -10,11 +10,15 @@ imported (``sys.modules``), so only those are asked (``_registry.owner``, cached
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from xdevice import _registry
+from xdevice._device import Device
 from xdevice._discovery import find
 from xdevice._errors import ConversionError, message
+
+if TYPE_CHECKING:
+    from xdevice.backends.base import Backend
 
 __all__ = ["backend_of", "device_of", "to_device", "convert"]
 
@@ -29,7 +33,7 @@ def backend_of(x: Any) -> str:
     return _array_owner(x).name
 
 
-def _array_owner(x: Any):
+def _array_owner(x: Any) -> Backend:
     found = _registry._owners.get(type(x)) or _registry.owner(x)  # the cache first: a hot path
     if found is not None and found[1] == "array":
         return found[0]
@@ -45,7 +49,7 @@ def _array_owner(x: Any):
     )
 
 
-def device_of(x: Any):
+def device_of(x: Any) -> Device:
     """The :class:`Device` holding ``x``.
 
     >>> import numpy as np

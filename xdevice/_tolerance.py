@@ -74,7 +74,7 @@ def compare(actual: Any, expected: Any, dtype: str = "float32", *, scale: float 
         return _compare(a, a64, e64, rtol, atol)
 
 
-def _compare(a, a64, e64, rtol, atol) -> Comparison:
+def _compare(a: Any, a64: Any, e64: Any, rtol: float, atol: float) -> Comparison:  # numpy arrays
     import numpy as np
 
     both_nan = np.isnan(a64) & np.isnan(e64)

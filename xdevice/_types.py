@@ -8,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 import re
 from collections.abc import Mapping
-from typing import Literal
+from typing import Any, Literal
 
 from xdevice._device import Device, device
 from xdevice._errors import ConfigurationError, message, nearest
@@ -85,7 +85,7 @@ def parse_bytes(value: int | str, what: str = "memory_limit") -> int:
                     f"{what} has an unknown unit {match['unit']!r}",
                     expected="B, kB, MB, GB, TB, KiB, MiB, GiB or TiB (any case)",
                     received=value,
-                    fix=f"write e.g. {what}='{match['number']}{_SPELLING.get(close, 'GiB')}'",
+                    fix=f"write e.g. {what}='{match['number']}{_SPELLING.get(close or '', 'GiB')}'",
                 )
             )
         amount = float(match["number"]) * _UNITS[match["unit"]]
@@ -136,8 +136,10 @@ class Config:
     cpu_devices: int | None = None
 
     @classmethod
-    def make(cls, visible=None, memory_growth=None, memory_limit=None, cpu_devices=None) -> Config:
-        """Validate user input into a Config (raises ConfigurationError/DeviceNotFound)."""
+    def make(
+        cls, visible: Any = None, memory_growth: Any = None, memory_limit: Any = None, cpu_devices: Any = None
+    ) -> Config:
+        """Validate user input, of any type, into a Config (raises ConfigurationError/DeviceNotFound)."""
         if visible is not None:
             if isinstance(visible, (str, int)):
                 visible = [visible]
@@ -203,7 +205,7 @@ class Applied:
     detail: str
 
 
-class ConfigReport(list):
+class ConfigReport(list[Applied]):
     """What ``configure`` did: a list of :class:`Applied`, printable as a table."""
 
     def __str__(self) -> str:

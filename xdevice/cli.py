@@ -9,7 +9,7 @@ import argparse
 import json
 import sys
 
-from xdevice import _registry
+from xdevice import _quiet, _registry
 from xdevice._device import Device
 from xdevice._discovery import devices, machine_devices
 from xdevice._errors import XDeviceError
@@ -22,7 +22,9 @@ __all__ = ["main", "build_parser"]
 def main(argv: list[str] | None = None) -> int:
     """Run the command line; returns the exit status."""
     args = build_parser().parse_args(argv)
-    if not args.verbose:
+    if args.verbose:
+        _quiet.set_verbose()  # frameworks write to stderr untouched, here and in child processes
+    else:
         _quiet_frameworks()
     try:
         return args.run(args)
@@ -46,6 +48,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="let the frameworks log as they like (by default their start-up chatter is hidden)",
     )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    # Every registered backend, installed or not, built in or from the xdevice.backends entry
+    # point (read without importing any): one that is not installed, or cannot do what the
+    # command asks (numpy has no ONNX exporter), gets xdevice's error saying so and the fix.
+    registered = _registry.backends(all=True)
 
     listing = commands.add_parser("devices", help="one table of devices and which framework sees each")
     listing.add_argument("--json", action="store_true", help="print JSON instead of a table")
@@ -81,7 +87,7 @@ def build_parser() -> argparse.ArgumentParser:
     out.add_argument(
         "--backend",
         required=True,
-        choices=["torch", "tensorflow", "jax"],
+        choices=registered,
         help="the framework whose exporter writes the model",
     )
     out.add_argument("--output", default=None, metavar="PATH", help="where to write it (default: MODEL.onnx)")
@@ -103,7 +109,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     into = commands.add_parser("convert", help="save an ONNX model in a framework's own format")
     into.add_argument("model", help="path of the .onnx file")
-    into.add_argument("--to", required=True, choices=["torch", "tensorflow", "jax"])
+    into.add_argument("--to", required=True, choices=registered, help="the framework whose format to write")
     into.add_argument("--output", help="where to write (default: next to the model)")
     into.set_defaults(run=_convert)
 
@@ -175,7 +181,7 @@ def build_parser() -> argparse.ArgumentParser:
     sizing.add_argument(
         "--backend",
         default="jax",
-        choices=["numpy", "torch", "jax", "tensorflow"],
+        choices=registered,
         help="the framework that measures (default jax: XLA's memory_analysis)",
     )
     sizing.add_argument("--device", default="cpu", help="the device to fit (default cpu)")
@@ -183,7 +189,7 @@ def build_parser() -> argparse.ArgumentParser:
     sizing.set_defaults(run=_estimate_memory)
 
     starter = commands.add_parser(
-        "launch", help="start N training processes on torchrun's elastic agent, set up for torch, JAX and TF"
+        "launch", help="start N training processes, each set up for every installed framework (torchrun's agent)"
     )
     starter.add_argument("--nproc-per-node", type=int, required=True, help="processes on this machine")
     starter.add_argument(
@@ -258,7 +264,7 @@ def _as_dict(d: Device) -> dict:
 
 def _parity(args: argparse.Namespace) -> int:
     from xdevice import models
-    from xdevice._parity import ParityReport, parity
+    from xdevice.testing import ParityReport, parity
 
     names = args.models or list(models.NAMES)
     for name in names:

@@ -9,6 +9,9 @@ import importlib.util
 import sys
 from pathlib import Path
 
+#: the framework's name for people, read by the backend class and by the registry (no import)
+TITLE = "JAX"
+
 
 def gpu_build() -> bool:
     """Whether JAX can use NVIDIA GPUs: a CUDA plugin (``jax-cuda12-plugin`` and the like,

@@ -1,6 +1,7 @@
 """``JaxBackend``: the mixins of this folder assembled into one backend."""
 
 from xdevice.backends.base import Backend
+from xdevice.backends.jax import TITLE
 from xdevice.backends.jax.autodiff import Autodiff
 from xdevice.backends.jax.devices import Devices
 from xdevice.backends.jax.export import Export
@@ -14,7 +15,7 @@ __all__ = ["JaxBackend"]
 
 class JaxBackend(Devices, Memory, Placement, Autodiff, Export, Replication, Backend):
     name = "jax"
-    title = "JAX"
+    title = TITLE
     accepts = {
         "array": "jax.Array",
         "model": "a function, or an (apply_fn, params) pair of a pytree",

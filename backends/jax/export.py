@@ -13,23 +13,15 @@ import os
 import re
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from xdevice.backends._common import (
-    Inputs,
-    as_function,
-    call_with,
-    exporter_failed,
-    flat_outputs,
-    identifier,
-    output_names,
-    record_output_names,
-)
+from xdevice.backends._export import as_function, exporter_failed, identifier, record_output_names
+from xdevice.backends._model_io import Inputs, call_with, flat_outputs, output_names
 from xdevice.backends._shapes import as_tuple, pool_padding
 from xdevice.backends.jax.ops import JaxOps, _lowest
 
@@ -77,6 +69,8 @@ _EXPORT_OPS = ExportOps()
 
 
 class Export:
+    ops: ClassVar[JaxOps]  # the assembled backend's
+
     def export_onnx(self, target: Any, example_inputs: tuple[Any, ...], opset: int, axes: list[dict[int, str]]) -> Any:
         from jax2onnx import to_onnx
 

@@ -10,15 +10,19 @@ pool reserved up front; with growth it caps the allocator, which raises out-of-m
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
+from typing import Any
 
 from xdevice._device import Device
-from xdevice._types import Applied, Config, MemoryStats
-from xdevice.backends._common import cpu_only_stats, memory_not_applied
+from xdevice._types import Applied, Config, How, MemoryStats
+from xdevice.backends._memory import cpu_only_stats, memory_not_applied
 
 _FRACTION_VARIABLES = ("XLA_CLIENT_MEM_FRACTION", "XLA_PYTHON_CLIENT_MEM_FRACTION")
 
 
 class Memory:
+    native_device: Callable[[Device], Any]  # devices.py's, in the assembled backend
+
     def configure_memory(self, config: Config, gpus: list[Device]) -> list[Applied]:
         if not gpus:
             return memory_not_applied("jax", config, "skipped", "no GPU")
@@ -35,9 +39,9 @@ class Memory:
                 )
             )
         fractions = {
-            g.index: config.limit_for(g) / g.memory_total
-            for g in gpus
-            if config.limit_for(g) is not None and g.memory_total
+            g.index: limit / g.memory_total
+            for g, limit in ((g, config.limit_for(g)) for g in gpus)
+            if limit is not None and g.memory_total
         }
         if fractions:
             if len({round(f, 4) for f in fractions.values()}) > 1:
@@ -54,7 +58,7 @@ class Memory:
             fraction = f"{min(1.0, next(iter(fractions.values()))):.4f}"
             for variable in _FRACTION_VARIABLES:
                 os.environ[variable] = fraction
-            how = "enforced" if config.memory_growth else "pool"
+            how: How = "enforced" if config.memory_growth else "pool"
             entries.append(
                 Applied("jax", "memory_limit", config.memory_limit, how, f"XLA_CLIENT_MEM_FRACTION={fraction}")
             )

@@ -24,7 +24,8 @@ from jax import lax
 
 from xdevice._errors import UnsupportedOp, message
 from xdevice.backends._shapes import as_tuple, conv_padding, pool_counts, pool_padding, slice_index
-from xdevice.backends.opset import DTYPES, NARROW_DTYPES, Array, Ops, float32_inside
+from xdevice.backends.composite import float32_inside
+from xdevice.backends.opset import DTYPES, NARROW_DTYPES, Array, Ops
 
 __all__ = ["JaxOps", "jax_dtype"]
 
@@ -356,9 +357,9 @@ class JaxOps(Ops):
         axis = axis % x.ndim
         index = jnp.asarray(indices)
         index = jnp.where(index < 0, index + x.shape[axis], index)
-        target = list(np.indices(index.shape, sparse=True))  # static grids; broadcast by indexing
-        target[axis] = index
-        target = tuple(target)
+        grids = list(np.indices(index.shape, sparse=True))  # static grids; broadcast by indexing
+        grids[axis] = index
+        target = tuple(grids)
         updates = jnp.broadcast_to(updates, index.shape).astype(x.dtype)
         if reduction == "none":  # .at[].set leaves the winner among duplicates open
             return self.scatter_last_wins(x, index, updates, axis)
@@ -367,7 +368,7 @@ class JaxOps(Ops):
         return getattr(x.at[target], _SCATTER[reduction])(updates)
 
     def pad(self, x: Array, pad_width: Sequence[tuple[int, int]], mode: str = "constant", value: float = 0) -> Array:
-        pad_width = [tuple(p) for p in pad_width]
+        pad_width = [(before, after) for before, after in pad_width]
         if mode == "constant":
             return jnp.pad(x, pad_width, mode="constant", constant_values=value)
         if mode in _PAD_MODES:
@@ -447,7 +448,7 @@ class JaxOps(Ops):
     # (one big matmul, as the opset's lstm does) measured 1.5-2x slower forward on XLA:CPU.
 
     def lstm(self, x: Array, h: Array, c: Array, w_ih: Array, w_hh: Array, b: Array) -> tuple[Array, Array, Array]:
-        def step(carry, x_t):
+        def step(carry: tuple[Array, Array], x_t: Array) -> tuple[tuple[Array, Array], Array]:
             h, c = self.lstm_cell(x_t, *carry, w_ih, w_hh, b)
             return (h, c), h
 
@@ -486,7 +487,7 @@ def _depthwise(x: Any, w: Any, stride: tuple, pads: list, dilation: tuple, group
         starts = [t * d for t, d in zip(tap, dilation)]
         stops = [start + (out - 1) * s + 1 for start, out, s in zip(starts, outs, stride)]
         window = lax.slice(x, (0, 0, *starts), (*x.shape[:2], *stops), (1, 1, *stride))
-        term = window * jnp.reshape(w[(slice(None), 0, *tap)], (1, -1) + (1,) * len(kernel))
+        term = window * jnp.reshape(w[(slice(None), 0) + tuple(tap)], (1, -1) + (1,) * len(kernel))
         y = term if y is None else y + term
     return y
 

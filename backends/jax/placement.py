@@ -6,6 +6,7 @@ import contextlib
 import functools
 import sys
 import types
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -14,10 +15,13 @@ import numpy as np
 
 from xdevice._device import Device
 from xdevice._errors import ConversionError, message
-from xdevice.backends._common import is_numpy_bfloat16
+from xdevice.backends._dtypes import is_numpy_bfloat16
 
 
 class Placement:
+    native_device: Callable[[Device], jax.Device]  # devices.py's, in the assembled backend
+    device_from_native: Callable[[jax.Device], Device]
+
     def owns(self, x: Any) -> str | None:
         if isinstance(x, jax.Array):
             return "array"

@@ -15,6 +15,7 @@ host copies, from which each keeps the rows of its own devices; params start as 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -23,8 +24,9 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from xdevice._device import Device
 from xdevice._errors import ConfigurationError, message
-from xdevice._processes import COORDINATOR, world
+from xdevice._processes import world
 from xdevice.backends import training
+from xdevice.backends.jax.launch import COORDINATOR
 
 
 class Replicas(training.Replicas):
@@ -61,6 +63,8 @@ class Replicas(training.Replicas):
 
 
 class Replication:
+    native_device: Callable[[Device], jax.Device]  # devices.py's, in the assembled backend
+
     def replicas(self, devices: list[Device]) -> Replicas:
         return Replicas(self, [self.native_device(d) for d in devices])
 

@@ -3,6 +3,9 @@
 Importing this package imports nothing; ``NumpyBackend`` (``backend.py``) imports numpy.
 """
 
+#: the framework's name for people, read by the backend class and by the registry (no import)
+TITLE = "NumPy"
+
 
 def __getattr__(name: str):
     if name == "NumpyBackend":  # the class loads the framework: only when asked for

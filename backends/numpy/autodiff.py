@@ -4,7 +4,7 @@ numpy has no autodiff, yet parity compares every framework's gradients against n
 the numpy backend's ops are *taped*: when an input is a :class:`Var`, the op records how to
 send a gradient back to it (one vector-Jacobian rule per primitive, in ``RULES``).
 Composite ops (softmax, layer norm, attention, LSTM...) are written over primitives in
-``opset.py``, so they differentiate with no rule of their own. Ops on plain arrays run
+``composite.py``, so they differentiate with no rule of their own. Ops on plain arrays run
 untaped. The rules themselves are checked against finite differences in the tests.
 """
 
@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from xdevice._errors import XDeviceError, message
-from xdevice.backends._common import map_leaves
+from xdevice.backends._model_io import map_leaves
 from xdevice.backends._shapes import as_tuple, conv_padding, pool_counts, pool_padding, slice_index, windows
 from xdevice.backends.numpy.ops import NumpyOps
 
@@ -113,7 +113,7 @@ def _taped(name: str, rule: Callable | None) -> Callable:
 
     op.__name__ = op.__qualname__ = name
     op.__doc__ = forward.__doc__
-    op.__signature__ = signature
+    op.__signature__ = signature  # type: ignore[attr-defined]  # read by inspect.signature; not in typeshed
     return op
 
 
@@ -536,7 +536,7 @@ def _kinked(name: str, distance: Callable) -> Callable:
         return taped(self, *args, **kwargs)
 
     op.__name__ = op.__qualname__ = name
-    op.__signature__ = getattr(taped, "__signature__", None)
+    op.__signature__ = getattr(taped, "__signature__", None)  # type: ignore[attr-defined]  # as above
     return op
 
 
@@ -586,13 +586,14 @@ for _name, _rule in RULES.items():
     setattr(TapedOps, _name, _taped(_name, _rule))
 for _name in NO_GRADIENT:
     setattr(TapedOps, _name, _taped(_name, None))
-for _name, _distance in {
+_DISTANCES: dict[str, Callable[..., Any]] = {
     "relu": lambda x: (np.abs(x), x),
     "abs": lambda x: (np.abs(x), x),
     "maximum": lambda x, y: (np.abs(np.subtract(x, y)), np.broadcast_arrays(x, y)[0]),
     "minimum": lambda x, y: (np.abs(np.subtract(x, y)), np.broadcast_arrays(x, y)[0]),
     "max_pool": _top_two_gap,
-}.items():
+}
+for _name, _distance in _DISTANCES.items():
     setattr(TapedOps, _name, _kinked(_name, _distance))
 
 _OPS = TapedOps()

@@ -3,6 +3,7 @@
 import contextlib
 
 from xdevice.backends.base import Backend
+from xdevice.backends.numpy import TITLE
 from xdevice.backends.numpy.autodiff import Autodiff, TapedOps, kink_margin
 from xdevice.backends.numpy.devices import Devices
 from xdevice.backends.numpy.export import Export
@@ -14,7 +15,7 @@ __all__ = ["NumpyBackend"]
 
 class NumpyBackend(Devices, Memory, Placement, Autodiff, Export, Backend):
     name = "numpy"
-    title = "NumPy"
+    title = TITLE
     accepts = {
         "array": "numpy.ndarray",
         "model": "(none: a zoo model's (apply_fn, params))",

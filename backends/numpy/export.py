@@ -6,15 +6,21 @@ a functional model, so an ONNX model can be checked against the numpy reference.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from xdevice._errors import ConversionError, message
-from xdevice.backends._common import as_function, flat_outputs
+from xdevice.backends._export import as_function
+from xdevice.backends._model_io import flat_outputs
+
+if TYPE_CHECKING:
+    from xdevice.backends.numpy.ops import NumpyOps
 
 __all__ = ["Export"]
 
 
 class Export:
+    ops: ClassVar[NumpyOps]  # the assembled backend's
+
     def export_onnx(self, target: Any, example_inputs: tuple[Any, ...], opset: int, axes: list[dict[int, str]]) -> Any:
         from xdevice import _registry
 
@@ -22,7 +28,7 @@ class Export:
         raise ConversionError(
             message(
                 "numpy has no ONNX exporter: export from a framework backend",
-                expected="a model on torch, tensorflow or jax",
+                expected="a model on a backend with an exporter",
                 received="numpy",
                 choices=able,
                 fix=f"export(model, backend={able[0] if able else 'torch'!r}) moves a zoo model there first",

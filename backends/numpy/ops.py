@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import math
+from typing import Any
 
 import numpy as np
 
@@ -182,7 +183,7 @@ class NumpyOps(Ops):
         out = np.array(x, copy=True)
         index = np.asarray(indices).astype(np.int64)
         index = np.where(index < 0, index + out.shape[axis], index)
-        grids = list(np.indices(index.shape, sparse=True))
+        grids: list[Any] = list(np.indices(index.shape, sparse=True))
         grids[axis % out.ndim] = index
         target = tuple(np.broadcast_to(g, index.shape) for g in grids)
         updates = np.broadcast_to(updates, index.shape)

@@ -1,6 +1,7 @@
 """``TensorflowBackend``: the mixins of this folder assembled into one backend."""
 
 from xdevice.backends.base import Backend
+from xdevice.backends.tensorflow import TITLE
 from xdevice.backends.tensorflow.autodiff import Autodiff
 from xdevice.backends.tensorflow.devices import Devices
 from xdevice.backends.tensorflow.export import Export
@@ -15,7 +16,7 @@ __all__ = ["TensorflowBackend"]
 
 class TensorflowBackend(Devices, Memory, Placement, Autodiff, Native, Export, Replication, Backend):
     name = "tensorflow"
-    title = "TensorFlow"
+    title = TITLE
     accepts = {
         "array": "tf.Tensor or tf.Variable",
         "model": "a Keras model, tf.Module or tf.function",

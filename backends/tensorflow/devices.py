@@ -64,7 +64,7 @@ class _wrapped:
     def __enter__(self) -> None:
         return None
 
-    def __exit__(self, kind, error, traceback) -> bool:
+    def __exit__(self, kind, error, traceback) -> None:
         if isinstance(error, RuntimeError):
             raise ConfigurationError(
                 message(
@@ -73,4 +73,3 @@ class _wrapped:
                     fix="call xdevice.configure(...) before the first TensorFlow computation",
                 )
             ) from error
-        return False

@@ -18,25 +18,24 @@ import re
 import sys
 import warnings
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 import tensorflow as tf
 
 from xdevice._errors import ConversionError, message
-from xdevice.backends._common import (
-    Inputs,
-    call_with,
-    exporter_failed,
-    flat_outputs,
-    output_names,
-    record_output_names,
-)
+from xdevice.backends._export import exporter_failed, record_output_names
+from xdevice.backends._model_io import Inputs, call_with, flat_outputs, output_names
+
+if TYPE_CHECKING:
+    from xdevice.backends.tensorflow.ops import TensorflowOps
 
 __all__ = ["Export"]
 
 
 class Export:
+    ops: ClassVar[TensorflowOps]  # the assembled backend's
+
     def export_onnx(self, target: Any, example_inputs: tuple[Any, ...], opset: int, axes: list[dict[int, str]]) -> Any:
         import tf2onnx
 

@@ -22,7 +22,8 @@ from tensorflow.python.eager import record  # no public way to ask whether a tap
 
 from xdevice._errors import UnsupportedOp, message
 from xdevice.backends._shapes import as_tuple, conv_padding, pool_counts, pool_padding, slice_index
-from xdevice.backends.opset import DTYPES, NARROW_DTYPES, Array, Ops, float32_inside, masked_score, numpy_dtype
+from xdevice.backends.composite import float32_inside, masked_score
+from xdevice.backends.opset import DTYPES, NARROW_DTYPES, Array, Ops, numpy_dtype
 
 __all__ = ["TensorflowOps"]
 
@@ -274,6 +275,7 @@ def _windowed(x: Array, pads, window, stride, dilation, op, *, explicit=False, s
     dims = len(window)
     step = (1,) * dims if any(d > 1 for d in dilation) else tuple(stride)
     spatial = x.shape[1:-1].as_list()
+    padding: str | list[list[int]]
     if all(p == (0, 0) for p in pads):
         padding = "VALID"
     elif same and list(pads) == conv_padding("same", spatial, window, step, dilation):
@@ -285,7 +287,7 @@ def _windowed(x: Array, pads, window, stride, dilation, op, *, explicit=False, s
         padding = "VALID"
     y = op(x, step, padding)
     if step != tuple(stride):
-        y = y[(slice(None), *(slice(None, None, s) for s in stride))]
+        y = y[(slice(None),) + tuple(slice(None, None, s) for s in stride)]
     return y
 
 
@@ -642,7 +644,7 @@ class TensorflowOps(Ops):
 
     def pad(self, x: Array, pad_width: Sequence[tuple[int, int]], mode: str = "constant", value: float = 0) -> Array:
         x = _tensor(x)
-        pad_width = [tuple(int(v) for v in p) for p in pad_width]
+        pad_width = [(int(before), int(after)) for before, after in pad_width]
         if mode == "constant":
             return tf.pad(x, pad_width, constant_values=_constant(value, x.dtype))
         if mode not in _PAD_MODES:

@@ -7,15 +7,19 @@ from __future__ import annotations
 
 import contextlib
 import sys
+from collections.abc import Callable
 from typing import Any
 
 import tensorflow as tf
 
 from xdevice._device import Device, device
-from xdevice.backends._common import dlpack_data_pointer, is_numpy_bfloat16
+from xdevice.backends._dlpack import dlpack_data_pointer
+from xdevice.backends._dtypes import is_numpy_bfloat16
 
 
 class Placement:
+    native_device: Callable[[Device], str]  # devices.py's, in the assembled backend
+
     def owns(self, x: Any) -> str | None:
         if isinstance(x, (tf.Tensor, tf.Variable)):
             return "array"

@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import signal
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import tensorflow as tf
@@ -92,6 +93,8 @@ def _sizes(rows: int, count: int) -> list[int]:
 
 
 class Replication:
+    native_device: Callable[[Device], str]  # devices.py's, in the assembled backend
+
     def replicas(self, devices: list[Device]) -> Replicas:
         names = [self.native_device(d) for d in devices]
         # On CPUs, TF's collective all-reduce fails with an InternalError once a second

@@ -7,6 +7,9 @@ Importing this package imports nothing: ``TorchBackend`` (``backend.py``) import
 import importlib.metadata
 import sys
 
+#: the framework's name for people, read by the backend class and by the registry (no import)
+TITLE = "PyTorch"
+
 
 def gpu_build() -> bool:
     """Whether the installed torch supports GPUs: a wheel tagged ``+cpu`` does not (asked of

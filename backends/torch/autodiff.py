@@ -3,15 +3,20 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
 from xdevice._errors import XDeviceError, message
-from xdevice.backends._common import map_leaves
+from xdevice.backends._model_io import map_leaves
+
+if TYPE_CHECKING:
+    from xdevice.backends.torch.ops import TorchOps
 
 
 class Autodiff:
+    ops: ClassVar[TorchOps]  # the assembled backend's
+
     def value_and_grad(
         self, fn: Callable[..., Any], params: dict[str, Any], *args: Any, has_aux: bool = False
     ) -> tuple[Any, dict[str, Any]]:

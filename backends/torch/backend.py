@@ -1,6 +1,7 @@
 """``TorchBackend``: the mixins of this folder assembled into one backend."""
 
 from xdevice.backends.base import Backend
+from xdevice.backends.torch import TITLE
 from xdevice.backends.torch.autodiff import Autodiff
 from xdevice.backends.torch.devices import Devices
 from xdevice.backends.torch.export import Export
@@ -15,7 +16,7 @@ __all__ = ["TorchBackend"]
 
 class TorchBackend(Devices, Memory, Placement, Autodiff, Native, Export, Replication, Backend):
     name = "torch"
-    title = "PyTorch"
+    title = TITLE
     accepts = {"array": "torch.Tensor", "model": "torch.nn.Module", "device": "torch.device"}
     saved_format = ".pt2"
     supports_memory_limit = True

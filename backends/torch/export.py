@@ -20,12 +20,16 @@ import os
 import re
 import warnings
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
 from xdevice._errors import ConversionError, message
-from xdevice.backends._common import Inputs, call_with, exporter_failed, flat_outputs, output_names, record_output_names
+from xdevice.backends._export import exporter_failed, record_output_names
+from xdevice.backends._model_io import Inputs, call_with, flat_outputs, output_names
+
+if TYPE_CHECKING:
+    from xdevice.backends.torch.ops import TorchOps
 
 __all__ = ["Export"]
 
@@ -39,7 +43,8 @@ class _Flat(torch.nn.Module):
     def __init__(self, target: Any, inputs: Inputs):
         super().__init__()
         self.target = target  # a module registers as a child: its weights become initializers
-        self.inputs, self.names = inputs, []
+        self.inputs = inputs
+        self.names: list[str] = []
 
     def forward(self, *xs: Any) -> tuple[Any, ...]:
         y = call_with(self.target, self.inputs, xs, keywords=True)
@@ -77,6 +82,8 @@ def _dims(specs: list[tuple[str, str, tuple]]) -> dict[str, Any]:
 
 
 class Export:
+    ops: ClassVar[TorchOps]  # the assembled backend's
+
     def export_onnx(self, target: Any, example_inputs: tuple[Any, ...], opset: int, axes: list[dict[int, str]]) -> Any:
         inputs = example_inputs if isinstance(example_inputs, Inputs) else Inputs.of(example_inputs)
         module = _Flat(target, inputs)
@@ -192,7 +199,7 @@ def _culprit(error: BaseException) -> str:
     xdevice), for the fix: "; the failing code: modeling_t5.py:402 in forward"."""
     import traceback
 
-    frames = []
+    frames: list[traceback.FrameSummary] = []
     seen: BaseException | None = error
     while seen is not None:
         frames += traceback.extract_tb(seen.__traceback__)

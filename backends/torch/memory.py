@@ -11,7 +11,7 @@ import torch
 
 from xdevice._device import Device
 from xdevice._types import Applied, Config, MemoryStats
-from xdevice.backends._common import cpu_only_stats, memory_not_applied
+from xdevice.backends._memory import cpu_only_stats, memory_not_applied
 
 
 class Memory:

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import torch
+
+if TYPE_CHECKING:
+    from xdevice._device import Device
 
 
 class ZooModule(torch.nn.Module):
@@ -48,6 +52,8 @@ class ZooModule(torch.nn.Module):
 
 
 class Native:
+    device_from_native: Callable[[torch.device], Device]  # devices.py's, in the assembled backend
+
     def to_native(self, name: str, spec: dict, forward, params: dict[str, Any], trainable: list[str]) -> Any:
         return ZooModule(name, spec, forward, params, trainable)
 

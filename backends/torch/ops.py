@@ -435,7 +435,7 @@ class TorchOps(Ops):
         return torch.take_along_dim(x, torch.where(indices < 0, indices + x.shape[axis], indices), dim=axis)
 
     def pad(self, x: Array, pad_width: Sequence[tuple[int, int]], mode: str = "constant", value: float = 0) -> Array:
-        pad_width = [tuple(p) for p in pad_width]
+        pad_width = [(before, after) for before, after in pad_width]
         if mode == "constant":
             return F.pad(x, _flat_pads(pad_width), value=value)
         if mode not in ("reflect", "edge"):
@@ -467,8 +467,8 @@ class TorchOps(Ops):
     ) -> Array:
         dims = w.dim() - 2
         pads = conv_padding(padding, x.shape[2:], w.shape[2:], stride, dilation)
-        x, pads = _symmetric(x, pads)
-        return _CONV[dims](x, w, b, as_tuple(stride, dims), pads, as_tuple(dilation, dims), groups)
+        x, each_side = _symmetric(x, pads)
+        return _CONV[dims](x, w, b, as_tuple(stride, dims), each_side, as_tuple(dilation, dims), groups)
 
     def max_pool(
         self,

@@ -3,17 +3,21 @@
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 from typing import Any
 
 import torch
 
 from xdevice._device import Device
-from xdevice.backends._common import is_numpy_bfloat16, ml_dtype
+from xdevice.backends._dtypes import is_numpy_bfloat16, ml_dtype
 
 __all__ = ["Placement", "host_array"]
 
 
 class Placement:
+    native_device: Callable[[Device], torch.device]  # devices.py's, in the assembled backend
+    device_from_native: Callable[[torch.device], Device]
+
     def owns(self, x: Any) -> str | None:
         if isinstance(x, torch.Tensor):
             return "array"

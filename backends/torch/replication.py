@@ -47,7 +47,7 @@ class ProcessReplicas(training.Replicas):
         super().__init__(backend)
         backend.join_processes()
         self.rank, self.count = dist.get_rank(), dist.get_world_size()
-        self.ddp = None
+        self.ddp: torch.nn.parallel.DistributedDataParallel | None = None
 
     def place_params(self, arrays: dict[str, Any]) -> dict[str, Any]:
         for value in arrays.values():

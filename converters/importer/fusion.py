@@ -136,11 +136,15 @@ def _find_gelu(graph: Graph, uses: _Uses) -> tuple[list[Node], Node, int] | None
             continue
         x = div.inputs[0]
         erf = uses.only_reader(div.outputs[0])
-        add = uses.only_reader(erf.outputs[0]) if erf is not None and erf.op == "Erf" else None
+        if erf is None or erf.op != "Erf":
+            continue
+        add = uses.only_reader(erf.outputs[0])
         if add is None or add.op != "Add" or not _scalar(uses.constant(_other(add, erf.outputs[0])), 1.0):
             continue
         first = uses.only_reader(add.outputs[0])
-        second = uses.only_reader(first.outputs[0]) if first is not None and first.op == "Mul" else None
+        if first is None or first.op != "Mul":
+            continue
+        second = uses.only_reader(first.outputs[0])
         if second is None or second.op != "Mul":
             continue
         factors = {_other(first, add.outputs[0]), _other(second, first.outputs[0])}

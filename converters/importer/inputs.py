@@ -9,7 +9,7 @@ in the graph into one that names the input, the dimension, and what the graph ex
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
 from xdevice._errors import InputError, message
@@ -32,7 +32,7 @@ class Declared:
         return "[" + ", ".join("?" if d is None else str(d) for d in self.dims) + "]"
 
 
-def declared_inputs(graph: Any, initializers: Sequence[str]) -> list[Declared]:
+def declared_inputs(graph: Any, initializers: Collection[str]) -> list[Declared]:
     """The declarations of ``graph``'s inputs (a GraphProto), initializers left out."""
     from onnx import helper
 

@@ -97,6 +97,8 @@ class Node:
     """One ONNX node: its op, input and output names, and attributes as Python values
     (tensors as numpy arrays, graphs as :class:`Graph`), with the schema's defaults."""
 
+    _position: int  # its index in its graph's nodes, while ``fusion`` looks for patterns
+
     def __init__(self, proto, opsets: dict[str, int]):
         from onnx import helper, numpy_helper
 

@@ -120,6 +120,7 @@ class ImportedModel:
             outputs = run_graph(self.graph, ctx, values, plan)
             result = tuple(ctx.array(o) if _numeric_static(o) else o for o in outputs)
         if fresh:
+            assert key is not None and plan is not None  # fresh: a new plan for a known signature
             if len(self._plans) >= _PLANS:  # a bound for a stream of ever new shapes
                 self._plans.clear()
             self._plans[key] = plan
@@ -188,7 +189,7 @@ class ImportedModel:
         with self._scope():
             placed = [self._input(x) for x in inputs]
         key = _signature(self.backend.ops, placed)
-        program = self._programs.get(key)
+        program = self._programs.get(key) if key is not None else None
         if program is None:
             program = self.backend.capture(self.apply, self.params, *placed)
             if key is not None:

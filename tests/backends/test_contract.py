@@ -17,6 +17,8 @@ HOOKS = sorted(
 )
 #: the functions of a backend's training.py the trainer calls, with their parameters
 TRAINING = {"program": ["backend", "model", "device"], "split": ["backend", "model", "devices"]}
+#: the functions of a backend's launch.py the launcher's workers call, with their parameters
+LAUNCH = {"environment": ["rendezvous"]}
 
 
 def _parameters(function):
@@ -57,6 +59,20 @@ def test_the_training_adapters_keep_their_signatures(backend):
     for name, parameters in TRAINING.items():
         if hasattr(adapters, name):
             assert [p[0] for p in _parameters(getattr(adapters, name))] == parameters
+
+
+def test_the_launch_hook_keeps_its_signature(backend):
+    hook = _registry.extension(backend.name, "launch")
+    if hook is None:
+        assert not backend.supports_processes  # a backend that joins processes reads what its hook wrote
+        pytest.skip(f"{backend.name} needs nothing to run in several processes")
+    for name, parameters in LAUNCH.items():
+        assert [p[0] for p in _parameters(getattr(hook, name))] == parameters
+
+
+def test_the_title_lives_once_in_the_package(backend):
+    package = importlib.import_module(f"xdevice.backends.{backend.name}")
+    assert backend.title == package.TITLE == _registry.title(backend.name)
 
 
 def test_the_package_answers_gpu_build_without_arguments(backend):

@@ -15,7 +15,7 @@ import pytest
 
 import xdevice
 from xdevice import compare
-from xdevice.backends._common import Inputs, call_with, flat_outputs
+from xdevice.backends._model_io import Inputs, call_with, flat_outputs
 
 from .cases import CASES, SMOKE
 

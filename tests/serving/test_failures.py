@@ -14,10 +14,10 @@ import pytest
 httpclient = pytest.importorskip("tritonclient.http")
 pytest.importorskip("starlette")
 
-from xdevice import ConfigurationError  # noqa: E402
-from xdevice.serving.server import Server, create_app  # noqa: E402
+from xdevice import ConfigurationError  # noqa: E402 - below the importorskip guard
+from xdevice.serving.server import Server, create_app  # noqa: E402 - below the importorskip guard
 
-from .onnx_models import dense_model, write_model  # noqa: E402
+from .onnx_models import dense_model, write_model  # noqa: E402 - below the importorskip guard
 
 BROKEN = {  # model -> what the index must say about it
     "corrupt": "Cannot parse the ONNX model",

@@ -11,9 +11,9 @@ import pytest
 
 grpcclient = pytest.importorskip("tritonclient.grpc")
 httpclient = pytest.importorskip("tritonclient.http")
-from tritonclient.utils import InferenceServerException  # noqa: E402
+from tritonclient.utils import InferenceServerException  # noqa: E402 - below the importorskip guard
 
-from .onnx_models import reference  # noqa: E402
+from .onnx_models import reference  # noqa: E402 - below the importorskip guard
 
 
 @pytest.fixture

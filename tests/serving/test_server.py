@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import http.client
 import threading
 import time
@@ -12,11 +13,11 @@ import pytest
 
 pytest.importorskip("starlette")
 httpclient = pytest.importorskip("tritonclient.http")
-from tritonclient.utils import InferenceServerException  # noqa: E402
+from tritonclient.utils import InferenceServerException  # noqa: E402 - below the importorskip guard
 
-from xdevice.serving.server import Server  # noqa: E402
+from xdevice.serving.server import Server  # noqa: E402 - below the importorskip guard
 
-from .onnx_models import reference  # noqa: E402
+from .onnx_models import reference  # noqa: E402 - below the importorskip guard
 
 
 @pytest.fixture
@@ -221,8 +222,14 @@ def test_a_client_that_never_finishes_its_headers_is_disconnected(repository):
             s.sendall(b"POST /v2/models/dense/infer HTTP/1.1\r\nHost: x\r\n")
             idle.append(s)
         assert httpclient.InferenceServerClient(running.url).is_server_live()
-        time.sleep(1.5)
-        closed = sum(s.recv(1) == b"" for s in idle)
+        deadline = time.monotonic() + 30  # each recv waits for its connection to be closed
+        closed = 0
+        for s in idle:
+            s.settimeout(max(0.01, deadline - time.monotonic()))
+            try:
+                closed += s.recv(1) == b""
+            except TimeoutError:
+                pass
         for s in idle:
             s.close()
         assert closed == 200
@@ -297,20 +304,32 @@ def test_repository_index_load_and_unload(client):
         client.load_model("nope")
 
 
-def test_stopping_lets_requests_in_flight_finish(repository):
+def test_stopping_lets_requests_in_flight_finish(repository, monkeypatch):
+    from xdevice.serving.batcher import Batcher
+
     running = Server(repository).start()
     x = np.ones((1, 4), np.float32)
-    got = {}
+    arrived = threading.Event()
+    submit = Batcher.submit
 
-    def request():  # waits the batched model's 50 ms queue delay: still in flight at stop()
-        got["y"] = httpclient.InferenceServerClient(running.url).infer("batched", [_input(x)]).as_numpy("y")
+    async def slow_model(self, *args, **kwargs):
+        """The request reached the model: it is in flight until the server stops accepting
+        (stop() was called and shutdown began), and then takes 0.3 s more, outlasting the 0.1 s
+        that uvicorn pauses before it starts waiting for connections to finish."""
+        arrived.set()
+        while any(listener.is_serving() for listener in running.server.servers):
+            await asyncio.sleep(0.005)
+        await asyncio.sleep(0.3)  # the slow inference itself, not a wait for something to happen
+        return await submit(self, *args, **kwargs)
 
-    thread = threading.Thread(target=request)
-    thread.start()
-    time.sleep(0.02)
-    running.stop()
-    thread.join()
-    np.testing.assert_allclose(got["y"], reference(x)[0], rtol=1e-5, atol=1e-6)
+    monkeypatch.setattr(Batcher, "submit", slow_model)
+
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:  # result() raises the client's error here
+        request = pool.submit(httpclient.InferenceServerClient(running.url).infer, "batched", [_input(x)])
+        assert arrived.wait(timeout=30), "the request never reached the model"
+        running.stop()
+        y = request.result().as_numpy("y")
+    np.testing.assert_allclose(y, reference(x)[0], rtol=1e-5, atol=1e-6)
 
 
 def test_a_server_process_that_cannot_start_says_so(tmp_path):

@@ -10,12 +10,12 @@ import pytest
 onnx = pytest.importorskip("onnx")
 pytest.importorskip("onnxruntime")
 
-from onnx import TensorProto, helper  # noqa: E402
+from onnx import TensorProto, helper  # noqa: E402 - below the importorskip guard
 
-from xdevice import ConfigurationError, Device, DeviceNotFound, InferenceError  # noqa: E402
-from xdevice._types import Config  # noqa: E402
-from xdevice.serving import session as session_module  # noqa: E402
-from xdevice.serving.session import Session, TensorSpec, _check_providers, provider_list  # noqa: E402
+from xdevice import ConfigurationError, Device, DeviceNotFound, InferenceError  # noqa: E402 - below the importorskip guard
+from xdevice._types import Config  # noqa: E402 - below the importorskip guard
+from xdevice.serving import session as session_module  # noqa: E402 - below the importorskip guard
+from xdevice.serving.session import Session, TensorSpec, _check_providers, provider_list  # noqa: E402 - below the importorskip guard
 
 GPU = Device("gpu", 0)
 

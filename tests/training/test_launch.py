@@ -12,7 +12,7 @@ import textwrap
 import numpy as np
 import pytest
 
-from xdevice import ConfigurationError
+from xdevice import ConfigurationError, _registry
 from xdevice.training.launch import arguments
 
 SCRIPT = textwrap.dedent("""
@@ -67,6 +67,70 @@ def test_bad_flags_say_what_is_allowed(tmp_path):
     assert elastic[elastic.index("--rdzv-endpoint") + 1] == "10.0.0.5:4000"
     assert elastic[elastic.index("--nnodes") + 1] == "1:4" and elastic[elastic.index("--max-restarts") + 1] == "3"
     assert elastic[-3:] == [str(script), "--lr", "0.1"]
+
+
+HOOKS = textwrap.dedent("""
+    import json, sys, threading
+    from xdevice import _processes
+
+    published, ready = {}, threading.Condition()
+
+    def publish(key, value):
+        with ready:
+            published[key] = value
+            ready.notify_all()
+
+    def lookup(key):
+        with ready:
+            ready.wait_for(lambda: key in published, timeout=30)
+            return published[key]
+
+    found = {}
+
+    def worker(rank):
+        rendezvous = _processes.Rendezvous(
+            rank=rank, size=2, local_rank=rank, local_size=2, address="127.0.0.1", port=29500,
+            host="127.0.0.1", publish=publish, lookup=lookup,
+        )
+        found[rank] = _processes.environment(rendezvous)
+
+    threads = [threading.Thread(target=worker, args=(rank,)) for rank in (0, 1)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    print(json.dumps({"env": found, "imported": [m for m in ("torch", "jax", "tensorflow") if m in sys.modules]}))
+""")
+
+
+def test_each_backend_writes_what_its_engine_needs_from_one_rendezvous_and_imports_no_framework(run_python):
+    """Two processes (threads over one store): every installed backend's launch hook adds its
+    engine's variables, published and looked up through the rendezvous."""
+    result = run_python(HOOKS)
+    assert result.returncode == 0, result.stderr
+    out = json.loads(result.stdout)
+    first, second = out["env"]["0"], out["env"]["1"]
+    assert out["imported"] == []
+    if "torch" in _registry.backends():
+        assert first["MASTER_ADDR"] == "127.0.0.1" and first["MASTER_PORT"] == "29500"
+        assert [env["RANK"] for env in (first, second)] == ["0", "1"] and second["WORLD_SIZE"] == "2"
+    if "jax" in _registry.backends():
+        assert first["XDEVICE_COORDINATOR"] == second["XDEVICE_COORDINATOR"]
+        assert first["XDEVICE_COORDINATOR"].startswith("127.0.0.1:")
+    if "tensorflow" in _registry.backends():
+        clusters = [json.loads(env["TF_CONFIG"]) for env in (first, second)]
+        assert [c["task"] for c in clusters] == [{"type": "worker", "index": 0}, {"type": "worker", "index": 1}]
+        assert clusters[0]["cluster"] == clusters[1]["cluster"] and len(set(clusters[0]["cluster"]["worker"])) == 2
+
+
+def test_without_a_backend_that_provides_a_process_launcher_the_launch_says_which_one_does(tmp_path, monkeypatch):
+    script = tmp_path / "train.py"
+    script.write_text("")
+    monkeypatch.setattr(_registry, "providers", lambda part, all=False: ["torch"] if all else [])
+    with pytest.raises(
+        ConfigurationError, match="process launcher, which comes with PyTorch.*Fix: pip install 'xdevice"
+    ):
+        arguments(str(script), [], 2)
 
 
 @pytest.mark.parametrize("framework, processes", [("torch", 2), ("torch", 3), ("jax", 2), ("tensorflow", 2)])

@@ -5,7 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+import xdevice
 from xdevice import ConfigurationError, Trainer, models
+from xdevice.training.losses import metric_function
 
 SPEC = {"hidden": [16], "inputs": 6, "classes": 2, "seed": 0}
 
@@ -39,6 +41,40 @@ def test_n_devices_match_one_device_step_for_step(backend, count):
     np.testing.assert_allclose(many_losses, one_losses, rtol=1e-5, atol=1e-6)
     for key, value in one_params.items():
         np.testing.assert_allclose(many_params[key], value, rtol=1e-5, atol=1e-6, err_msg=key)
+
+
+def where_replicas_live(name: str, devices: list[str]) -> list[str]:
+    """Train on ``devices`` and read from the framework itself where each replica's arrays live.
+
+    TensorFlow runs the step once per replica (``strategy.run``): a metric, called inside the
+    step, sees each replica's outputs as traced tensors placed on that replica's device. JAX
+    holds one array sharded over the mesh: every trained parameter has one shard (a full
+    copy) on each replica's device.
+    """
+    traced = []
+    accuracy = metric_function("accuracy")
+
+    def accuracy_where(ops, out, y):  # a metric, so it runs inside each replica's step
+        if isinstance(getattr(out, "device", None), str) and out.device:  # a traced TF tensor's placement
+            traced.append(str(xdevice.device(out.device)))
+        return accuracy(ops, out, y)
+
+    model = models.build("mlp", backend=name, **SPEC)
+    trainer = Trainer(model, optimizer="adam", lr=0.01, devices=devices, metrics=[accuracy_where])
+    trainer.fit(data(32), epochs=1, batch_size=16, verbose=0)
+    shards = {
+        str(trainer.backend.device_of(shard.data))
+        for value in trainer.program.params.values()
+        for shard in getattr(value, "addressable_shards", [])
+    }
+    return sorted(set(traced) | shards)
+
+
+@pytest.mark.multi_device
+def test_each_replica_lives_on_the_device_it_was_given(backend):
+    name = replicating(backend)
+    devices = ["cpu:1", "cpu:3"]  # not the default device, nor the first two: ignoring them shows
+    assert where_replicas_live(name, devices) == devices
 
 
 @pytest.mark.multi_device

@@ -63,7 +63,7 @@ def from_native(native: Any) -> Model:
         )
     found = _registry.owner(native)
     made = found[0].from_native(native) if found is not None and found[1] == "model" else None
-    if made is None:
+    if found is None or made is None:
         raise ConversionError(
             message(
                 "Not a model made by xdevice.models.to_native",

@@ -18,6 +18,7 @@ import collections
 import dataclasses
 import time
 from collections.abc import Callable
+from types import EllipsisType
 from typing import Any
 
 import numpy as np
@@ -67,11 +68,12 @@ class Batcher:
         self.executor, self.stats, self.instances = executor, stats, instances
         self.timeout, self.reject_late, self.max_queue_size = timeout or None, reject_late, max_queue_size
         self.queue: collections.deque[_Pending] = collections.deque()
-        self.wakeup: asyncio.Event | None = None
-        self.gathering: asyncio.Lock | None = None
+        # made by the first submit, in the event loop that serves the model
+        self.wakeup: asyncio.Event
+        self.gathering: asyncio.Lock
         self.workers: list[asyncio.Task] = []
 
-    async def submit(self, inputs: Arrays, timeout: float | None = ...) -> Arrays:
+    async def submit(self, inputs: Arrays, timeout: float | EllipsisType | None = ...) -> Arrays:
         """The outputs for one request's ``inputs``, computed in a shared batch; ``timeout``:
         seconds it may wait in the queue (default: the batcher's; None: no limit)."""
         loop = asyncio.get_running_loop()

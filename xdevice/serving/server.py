@@ -23,8 +23,9 @@ import contextlib
 import logging
 import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
@@ -33,6 +34,9 @@ from xdevice.serving.metrics import Registry
 from xdevice.serving.models import Models, load_model, model_info, retire, server_info, statistics
 from xdevice.serving.protocol import HEADER_LENGTH, BadRequest, decode_request, encode_response
 from xdevice.serving.repository import ModelNotFound, Repository, triton_config
+
+if TYPE_CHECKING:
+    import subprocess
 
 __all__ = ["Server", "ServerProcess", "create_app", "serve", "ServerNotReady", "GRPC_PORT"]
 
@@ -209,7 +213,8 @@ def create_app(
             Route(prefix + "/stats", handled(model_stats)),
             Route(prefix + "/infer", handled(infer), methods=["POST"]),
         ]
-    app = Starlette(routes=routes, exception_handlers={HTTPException: http_error}, lifespan=lifespan)
+    handlers = {HTTPException: http_error}  # Starlette's hint wants handlers of any Exception
+    app = Starlette(routes=routes, exception_handlers=handlers, lifespan=lifespan)  # type: ignore[arg-type]  # as above
     app.state.models = models
     app.state.grpc_port = None
     return app
@@ -302,7 +307,7 @@ class Server:
             port=port,
             log_level="warning",
             access_log=False,
-            timeout_graceful_shutdown=grace,
+            timeout_graceful_shutdown=grace,  # type: ignore[arg-type]  # seconds for asyncio.wait_for: a float works; the hint says int
             http=_http_protocol(header_timeout),
         )
         self.server = uvicorn.Server(config)
@@ -354,7 +359,7 @@ class ServerProcess:
     """
 
     def __init__(
-        self, repository: str | Path, *, threads: int | None = None, timeout: float = 120.0, options: list[str] = ()
+        self, repository: str | Path, *, threads: int | None = None, timeout: float = 120.0, options: Sequence[str] = ()
     ):
         import sys
 
@@ -375,7 +380,7 @@ class ServerProcess:
         if threads is not None:
             self.command += ["--threads", str(threads)]
         self.timeout = timeout
-        self.process = None
+        self.process: subprocess.Popen[bytes] | None = None
 
     def __enter__(self) -> ServerProcess:
         import os
@@ -404,8 +409,9 @@ class ServerProcess:
 
     def __exit__(self, *exc) -> None:
         """Stop it the way a deployment does (SIGTERM): requests in flight finish first."""
-        self.process.terminate()
-        self.process.wait(30)
+        if self.process is not None:
+            self.process.terminate()
+            self.process.wait(30)
 
 
 def serve(

@@ -266,11 +266,9 @@ def provider_list(device: Device, *, tensorrt: bool = False, memory_limit: int |
 def _memory_limit(device: Device) -> int | None:
     """The GPU memory limit ``xdevice.configure(memory_limit=...)`` set for ``device``, in bytes."""
     for config, _ in reversed(list(_configure._applied.values())):
-        limit = config.memory_limit
-        if isinstance(limit, dict):
-            limit = limit.get(device)
+        limit = config.limit_for(device)
         if limit is not None:
-            return int(limit)
+            return limit
     return None
 
 

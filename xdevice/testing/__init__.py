@@ -6,7 +6,7 @@ and fails with the backend, tensor, worst index and both values. The pytest plug
 ``device`` fixtures and the ``gpu`` / ``multi_device`` / ``slow`` markers.
 """
 
-from xdevice._parity import ParityReport, assert_parity, parity
 from xdevice._tolerance import TOLERANCES, compare
+from xdevice.testing._parity import ParityReport, assert_parity, parity
 
 __all__ = ["TOLERANCES", "ParityReport", "assert_parity", "compare", "parity"]

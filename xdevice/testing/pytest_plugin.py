@@ -57,7 +57,7 @@ def pytest_configure(config: pytest.Config) -> None:
 def selected_backends(config: pytest.Config | None = None) -> list[str]:
     """Backends the tests run on: the option, else the environment, else all installed."""
     raw = (config.getoption("--xdevice-backends") if config else None) or os.environ.get(ENV)
-    installed = xdevice.backends()
+    installed = xdevice.backends()  # type: ignore[operator]  # the package is callable: backends/__init__.py
     if not raw:
         return installed
     names = [n.strip() for n in raw.split(",") if n.strip()]

@@ -120,11 +120,12 @@ class CSVLogger(Callback):
     when resuming, as Keras's ``CSVLogger(append=True)``)."""
 
     def __init__(self, path: str, *, append: bool = False):
-        self.path, self.append, self.columns = path, append, None
+        self.path, self.append = path, append
+        self.columns: list[str] | None = None
 
     def on_epoch_end(self, trainer, epoch, logs):
         first = self.columns is None
-        if first:
+        if self.columns is None:
             self.columns = list(logs)
         with open(self.path, "a" if (self.append or not first) else "w", newline="") as file:
             writer = csv.DictWriter(file, self.columns, extrasaction="ignore")
@@ -146,7 +147,8 @@ class TensorBoard(Callback):
                     "TensorBoard logging needs tensorboardX", received="not installed", fix="pip install 'xdevice[log]'"
                 )
             ) from None
-        self.writer_class, self.logdir, self.every, self.writer = SummaryWriter, logdir, every, None
+        self.writer_class, self.logdir, self.every = SummaryWriter, logdir, every
+        self.writer: Any = None  # a SummaryWriter, opened by on_fit_begin
 
     def on_fit_begin(self, trainer):
         self.writer = self.writer_class(self.logdir)

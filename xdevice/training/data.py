@@ -86,7 +86,7 @@ class _Iterable:
 
     def __len__(self) -> int:
         try:
-            return len(self.source)  # type: ignore[arg-type]
+            return len(self.source)  # type: ignore[arg-type]  # a Sized iterable has one; others raise TypeError
         except TypeError:
             return 0
 

@@ -1,21 +1,18 @@
-"""``xdevice launch``: N training processes per node, on torchrun's elastic agent, set up for
-every framework at once.
+"""``xdevice launch``: N training processes per node, set up for every installed framework at
+once.
 
-The agent (``torch.distributed.run``) manages the processes: it restarts the group when a
-worker fails (``max_restarts``), meets other nodes through a ``c10d`` rendezvous (``nnodes``
-may be ``"MIN:MAX"``), writes each rank's output to its own files (``log_dir``) and shows
-the lines prefixed with the rank. Its command line and the worker's set-up live in the torch
-backend's ``launch.py``, reached through the registry; so ``xdevice launch`` needs PyTorch
-installed, whichever framework the script trains with. Each worker gets:
+The processes are started by a process launcher, the ``agent`` module of the first
+installed backend whose package provides one (``_registry.providers("agent")``): today
+PyTorch's, torchrun's elastic agent, so ``xdevice launch`` needs PyTorch installed, whichever
+framework the script trains with. The agent restarts the group when a worker fails
+(``max_restarts``), meets other nodes through a ``c10d`` rendezvous (``nnodes`` may be
+``"MIN:MAX"``), writes each rank's output to its own files (``log_dir``) and shows the lines
+prefixed with the rank.
 
-- PyTorch (``torch.distributed``, ``init_method="env://"``): ``RANK``, ``WORLD_SIZE``,
-  ``LOCAL_RANK``, ``MASTER_ADDR``/``MASTER_PORT``, from the agent;
-- JAX (``jax.distributed.initialize``): ``XDEVICE_COORDINATOR``, rank 0's address and a
-  free port, published through the rendezvous store;
-- TensorFlow (``MultiWorkerMirroredStrategy``): ``TF_CONFIG`` listing every worker on every
-  node, each worker's address published the same way.
-
-In the launched process the trainer and ``replicate`` join the framework's group
+Each worker gets ``RANK`` and ``WORLD_SIZE``, and what each installed framework's engine needs
+to meet the others, written by that backend's own launch hook (``backends/<name>/launch.py``,
+called through ``xdevice._processes.environment``): this module knows none of those
+variables. In the launched process the trainer and ``replicate`` join the framework's group
 (``Backend.join_processes``); a script that computes with JAX or TensorFlow before it trains
 calls ``xdevice.join_processes(backend)`` at its top (see ``xdevice._processes``).
 
@@ -48,10 +45,11 @@ def arguments(
     rdzv_id: str | None = None,
     log_dir: str | None = None,
 ) -> list[str]:
-    """torchrun's arguments that run ``python script args...`` under its agent.
+    """The process launcher's arguments (torchrun's) that run ``python script args...``.
 
     Raises:
-        ConfigurationError: a flag out of range, no script at that path, or no PyTorch.
+        ConfigurationError: a flag out of range, no script at that path, or no backend
+            installed that provides a process launcher (PyTorch does).
     """
     for name, value, low in (("nproc_per_node", nproc_per_node, 1), ("max_restarts", max_restarts, 0)):
         if isinstance(value, bool) or not isinstance(value, int) or value < low:
@@ -96,20 +94,24 @@ def arguments(
 
 
 def launch(script: str, args: list[str], nproc_per_node: int, **options) -> int:
-    """Run ``python script args...`` in ``nproc_per_node`` processes under torchrun's agent
+    """Run ``python script args...`` in ``nproc_per_node`` processes under the process launcher
     (options as :func:`arguments`); 0 when every rank finished, else the first failed rank's
     exit code."""
     return _agent().run(arguments(script, args, nproc_per_node, **options))
 
 
 def _agent():
-    """The torch backend's ``launch`` module: torchrun's command line and the workers' set-up."""
-    if not _registry.is_installed("torch"):
-        raise ConfigurationError(
-            message(
-                "xdevice launch runs on torchrun's elastic agent, which comes with PyTorch",
-                received="torch not installed",
-                fix=f"{_registry.pip_line('torch')} (whatever the script trains with)",
-            )
+    """The process launcher: the ``agent`` module (its command line, running it, and the
+    workers' set-up) of the first installed backend that provides one."""
+    found = _registry.providers("agent")
+    if found:
+        return _registry.extension(found[0], "agent")
+    able = _registry.providers("agent", all=True)
+    titles = " or ".join(_registry.title(name) for name in able) or "a backend that provides one"
+    raise ConfigurationError(
+        message(
+            f"xdevice launch starts the processes with a process launcher, which comes with {titles}",
+            received=f"no installed backend provides one (installed: {', '.join(_registry.backends())})",
+            fix=f"{_registry.pip_line(able[0])} (whatever the script trains with)" if able else None,
         )
-    return _registry.extension("torch", "launch")
+    )

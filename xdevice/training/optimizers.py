@@ -114,8 +114,8 @@ class SGD(Optimizer):
     nesterov: bool = False
     weight_decay: float = 0.0
 
-    @property  # type: ignore[override]
-    def slots(self) -> tuple[str, ...]:
+    @property
+    def slots(self) -> tuple[str, ...]:  # type: ignore[override]  # the base's class constant, computed here
         return ("momentum",) if self.momentum else ()
 
     def apply(self, ops, params, grads, slots, step, lr, inplace):
@@ -172,7 +172,13 @@ class AdamW(Adam):
     decoupled: ClassVar[bool] = True
 
 
-_NAMES = {"sgd": SGD, "momentum": lambda **kw: SGD(**{"momentum": 0.9, **kw}), "adam": Adam, "adamw": AdamW}
+# name -> (class, its defaults for that name)
+_NAMES: dict[str, tuple[type[Optimizer], dict[str, Any]]] = {
+    "sgd": (SGD, {}),
+    "momentum": (SGD, {"momentum": 0.9}),
+    "adam": (Adam, {}),
+    "adamw": (AdamW, {}),
+}
 
 
 def optimizer(value: str | Optimizer, **options: Any) -> Optimizer:
@@ -192,9 +198,9 @@ def optimizer(value: str | Optimizer, **options: Any) -> Optimizer:
                 fix="pass one of these names or an xdevice.training optimizer",
             )
         )
-    kind = {"momentum": SGD}.get(value, _NAMES[value])
+    kind, defaults = _NAMES[value]
     valid = [f.name for f in dataclasses.fields(kind)]
     unknown = [k for k in options if k not in valid]
     if unknown:
         raise ConfigurationError(message(f"Unknown option for optimizer {value!r}", received=unknown[0], choices=valid))
-    return _NAMES[value](**options)
+    return kind(**{**defaults, **options})

@@ -16,6 +16,7 @@ Every other model is the framework's own, and its program comes from that backen
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from typing import Any
 
 from xdevice import _registry
@@ -80,7 +81,8 @@ class _Stages(Program):
             {f"stage{i}/{k}": v for i, p in enumerate(stages) for k, v in p.params.items()},
             {f"stage{i}/{k}": v for i, p in enumerate(stages) for k, v in p.buffers.items()},
         )
-        self.forwards, self.whole = {}, None
+        self.forwards: dict[tuple[int, bool], Callable[..., Any]] = {}  # (stage, train) -> its compiled forward
+        self.whole = None
 
     def _part(self, tree: dict, i: int) -> dict:
         prefix = f"stage{i}/"

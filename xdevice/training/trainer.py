@@ -161,7 +161,8 @@ class Trainer:
             self._zeros = self._placed(  # beside each parameter (stages: on its stage's device)
                 {k: self.ops.zeros(self.ops.shape(v), self.ops.dtype(v)) for k, v in self.program.params.items()}
             )
-            self._total, self._group = self._zeros, []  # the summed gradients, (rows, loss, metrics) so far
+            self._total = self._zeros  # the summed gradients
+            self._group: list[tuple[int, float, dict[str, float]]] = []  # (rows, loss, metrics) so far
         self._evaluate = compile_(self._eval_step)
 
     # -- the step, written once ---------------------------------------------------------
@@ -334,7 +335,7 @@ class Trainer:
         for callback in callbacks:
             callback.on_fit_begin(self)
         while self.epoch < epochs and (steps is None or taken < steps) and not self.stop_training:
-            began, sums = time.perf_counter(), {"rows": 0}
+            began, sums = time.perf_counter(), {"rows": 0.0}
             for callback in callbacks:
                 callback.on_epoch_begin(self, self.epoch + 1)
             loader = Prefetcher(source.epoch(self.epoch, self.batch), self._place, prefetch)
@@ -401,7 +402,8 @@ class Trainer:
     def evaluate(self, data: Any, batch_size: int = 256) -> dict[str, float]:
         """Mean loss and metrics over ``data`` in inference mode (batch norm uses running stats)."""
         source = as_batches(data, batch_size, shuffle=False)
-        sums, rows = {}, 0
+        sums: dict[str, float] = {}
+        rows = 0
         for batch in source.epoch(0):
             x, y = self._on_device(batch)  # whole, not split: evaluated as on one device
             x, y = self.replicas.place_params({"x": x, "y": y}).values()  # beside the replicated params

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from xdevice._errors import UnsupportedOp, message
@@ -46,7 +48,7 @@ def _channel(ops, v, rank: int):
 
 
 def _product(lists):
-    combos = [[]]
+    combos: list[list[Any]] = [[]]
     for options in lists:
         combos = [c + [o] for c in combos for o in options]
     return combos

@@ -8,6 +8,7 @@ the static shapes and the pool becomes gathers and reductions.
 from __future__ import annotations
 
 import math
+from typing import Literal
 
 import numpy as np
 
@@ -104,7 +105,7 @@ def _max_pool(ctx, node, x):
         return y
     # flat index of each window element in the whole input, row- or column-major spatially
     grids = np.meshgrid(*[np.arange(n) for n in spatial], indexing="ij")
-    order = "F" if node.attr("storage_order", 0) else "C"
+    order: Literal["C", "F"] = "F" if node.attr("storage_order", 0) else "C"
     flat = np.ravel_multi_index(tuple(grids), spatial, order=order)
     clamped = [np.clip(p, 0, n - 1) for p, n in zip(positions, spatial)]
     where_flat = _gather_static(flat, clamped)  # (*out, K)

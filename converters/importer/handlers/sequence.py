@@ -123,7 +123,7 @@ def sequence_map(ctx, node, sequence, *others):
             raise ConversionError(
                 message(
                     f"SequenceMap node {node.name!r} maps sequences of different lengths",
-                    expected=len(sequence),
+                    expected=str(len(sequence)),
                     received=len(other),
                 )
             )

@@ -357,9 +357,9 @@ def _pad(ctx, node, x, pads, mode: str, value, axes=None):
         raise _invalid(
             node, "wrong number of pads", expected=f"{2 * len(axes)} (begin and end per axis)", received=len(pads)
         )
-    widths = [[0, 0] for _ in range(rank)]
+    widths = [(0, 0) for _ in range(rank)]
     for i, axis in enumerate(axes):
-        widths[axis] = [pads[i], pads[i + len(axes)]]
+        widths[axis] = (pads[i], pads[i + len(axes)])
     if any(b < 0 or e < 0 for b, e in widths):
         x = ops.slice(
             x,

@@ -14,18 +14,27 @@ can fall on the other side in another framework's float32 rounding and legitimat
 a gradient by a discrete amount. So the numpy reference measures how close the inputs come
 (relative to their scale); ``parity`` draws example inputs that stay ``KINK_MARGIN`` clear,
 and when given inputs do not, failing gradient rows say so.
+
+Parity runs the zoo, so it lives in ``xdevice.testing``, the layer above ``xdevice.models``
+(the floor, ``xdevice/_*.py``, imports nothing above it). It reaches each framework only
+through the ``Backend`` contract: ``ops``, ``value_and_grad`` and ``kink_margin``. It is
+re-exported as ``xdevice.testing.parity`` and ``xdevice.parity``; the module is private so
+that the function, not the module, answers to ``xdevice.testing.parity``.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any
 
 from xdevice import _registry
 from xdevice._errors import ParityError, message
 from xdevice._tolerance import TOLERANCES, compare
+
+if TYPE_CHECKING:
+    from xdevice.models import Model
 
 __all__ = ["ParityRow", "ParityReport", "parity", "assert_parity", "compare_tensors", "KINK_MARGIN"]
 
@@ -58,10 +67,10 @@ class ParityRow:
         )
 
 
-class ParityReport(list):
+class ParityReport(list[ParityRow]):
     """Rows of a parity run; ``ok`` when every row is within tolerance."""
 
-    def __init__(self, rows=(), dtype: str = "float32"):
+    def __init__(self, rows: Iterable[ParityRow] = (), dtype: str = "float32") -> None:
         super().__init__(rows)
         self.dtype = dtype
 
@@ -174,12 +183,12 @@ def parity(
     Returns:
         A :class:`ParityReport`; ``report.ok`` says whether every tensor is within tolerance.
 
-    >>> parity("mlp", backends=["numpy"], grads=False).ok  # doctest: +SKIP
+    >>> parity("mlp", backends=["numpy"], grads=False).ok
     True
     """
     import numpy as np
 
-    from xdevice import models
+    from xdevice import models  # not at import: the pytest plugin loads this package in every session
 
     if isinstance(model, str):
         model = models.build(model, seed=seed)
@@ -212,13 +221,13 @@ def parity(
     return report
 
 
-def _kink_margin(reference, x) -> float:
+def _kink_margin(reference: Model, x: Any) -> float:
     with _registry.backend("numpy").kink_margin() as found:  # the reference's own instrument
         reference(x, train=True)
     return min(found, default=float("inf"))
 
 
-def _clear_example(reference, batch: int, seed: int):
+def _clear_example(reference: Model, batch: int, seed: int) -> tuple[Any, float]:
     """The first example batch from ``seed`` on whose kinks float32 cannot flip a gradient."""
     margin = 0.0
     for draw in range(seed, seed + _DRAWS):
@@ -229,7 +238,7 @@ def _clear_example(reference, batch: int, seed: int):
     return x, margin
 
 
-def _zoo_tensors(model, x, labels, grads: bool) -> dict[str, Any]:
+def _zoo_tensors(model: Model, x: Any, labels: Any, grads: bool) -> dict[str, Any]:
     """Everything parity compares for one model on one backend, as numpy arrays."""
     backend = _registry.backend(model.backend)
     ops = backend.ops
@@ -246,7 +255,7 @@ def _zoo_tensors(model, x, labels, grads: bool) -> dict[str, Any]:
         fixed = {k: v for k, v in model.params.items() if k not in model.trainable}
         target = ops.asarray(labels)
 
-        def loss(trainable):
+        def loss(trainable: dict[str, Any]) -> Any:
             logits, _ = model.apply(ops, {**fixed, **trainable}, inputs, train=True)
             return ops.cross_entropy(logits, target)
 
@@ -280,7 +289,7 @@ def assert_parity(
 
     from xdevice.backends.opset import numpy_dtype
 
-    subject = subject or getattr(fn, "__name__", "function")
+    label = subject or str(getattr(fn, "__name__", "function"))
     names = list(backends) if backends is not None else _registry.backends()
 
     def run(name: str, float_dtype: str) -> dict[str, Any]:
@@ -292,6 +301,7 @@ def assert_parity(
             for v in inputs
         ]
         result = fn(ops, *args)
+        items: Iterable[tuple[str, Any]]
         if isinstance(result, dict):
             items = result.items()
         elif isinstance(result, (list, tuple)):
@@ -303,6 +313,6 @@ def assert_parity(
     expected = run("numpy", "float64")
     report = ParityReport(dtype=dtype)
     for name in names:
-        report += compare_tensors(subject, name, run(name, dtype), expected, dtype)
+        report += compare_tensors(label, name, run(name, dtype), expected, dtype)
     report.raise_for_violations()
     return report

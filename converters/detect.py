@@ -1,0 +1,134 @@
+"""Which backend exports a model, found by what the model is, and the example inputs it runs on.
+
+The backend that owns the model exports it (``_registry.owner``; only frameworks already
+imported are asked, so nothing is imported to find out); an ``ImportedModel`` exports its own
+graph (``OwnGraph``). The example inputs come as numpy, flat and named (``Inputs``), checked
+by calling the model on them once before any exporter traces it.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from typing import Any
+
+from xdevice import _registry
+from xdevice._errors import ConversionError, message
+from xdevice._tensors import to_host
+from xdevice.backends._model_io import Inputs
+from xdevice.converters.axes import resampled, second_batch
+
+__all__ = ["source_of", "is_imported", "OwnGraph", "framework_of", "as_inputs", "runs_on"]
+
+
+def source_of(
+    model: Any, backend: str | None, example_inputs: Any, dynamic_batch: bool
+) -> tuple[str, Any, Inputs, Inputs]:
+    """``(backend name, native target, example inputs, inputs at a second batch size)``."""
+    from xdevice import models
+
+    if isinstance(model, models.Model):
+        name = backend or model.backend
+        _registry.backend(name)  # an unknown name fails here, with the choices
+        target = models.to_native(model, name)
+        if example_inputs is None:
+            inputs = Inputs.of(model.example_input())
+            second = inputs.replaced([model.example_input(second_batch(len(inputs[0])), seed=1)])
+            return name, target, inputs, second
+    else:
+        if example_inputs is None:
+            raise ConversionError(
+                message(
+                    "A native model needs example_inputs to be exported",
+                    expected="an array, a tuple of arrays, or a dict of them (named inputs), batch first",
+                    received=f"{type(model).__qualname__} with example_inputs=None",
+                    fix="export(model, example_inputs=np.zeros((2, 784), 'float32')) with your input's shape",
+                )
+            )
+        name = model.backend.name if is_imported(model) else backend or framework_of(model)
+        target = model
+    inputs = as_inputs(example_inputs)
+    _check_example(inputs, dynamic_batch)
+    return name, target, inputs, resampled(inputs)
+
+
+def is_imported(model: Any) -> bool:
+    """An ``ImportedModel`` (only possible once the importer module was loaded)."""
+    module = sys.modules.get("xdevice.converters.importer.model")
+    return module is not None and isinstance(model, module.ImportedModel)
+
+
+class OwnGraph:
+    """The exporter of an imported ONNX model: its own graph with its current weights
+    (``ImportedModel.to_onnx``), on whichever backend it runs. No framework tracer is
+    involved, so a model fine-tuned on any backend exports the same way, and none can bring
+    the interpreter down (PyTorch's TorchScript fallback did, on its interpreter's Python)."""
+
+    def __init__(self, model: Any):
+        self.model = model
+        self.name = model.backend.name
+
+    def export_onnx(self, target: Any, inputs: Inputs, opset: int, axes: list[dict[int, str]]) -> Any:
+        return target.to_onnx()
+
+    def native_outputs(self, target: Any, inputs: Inputs) -> list[Any]:
+        outputs = target(*inputs)
+        return [to_host(y) for y in (outputs if isinstance(outputs, tuple) else (outputs,))]
+
+
+def framework_of(model: Any) -> str:
+    """The backend that exports a native ``model``: the one that owns it (``_registry.owner``)."""
+    found = _registry.owner(model)
+    if found is None or found[1] != "model":
+        raise ConversionError(
+            message(
+                "Cannot tell which framework this model belongs to",
+                expected="a zoo Model, or a model of a loaded framework",
+                received=type(model).__qualname__,
+                choices=_registry.accepted("model"),
+                fix="pass backend=... to say which framework runs it",
+            )
+        )
+    return found[0].name
+
+
+def as_inputs(inputs: Any) -> Inputs:
+    """Example inputs as numpy arrays (framework arrays are copied to the host), flat, with
+    their names and structure (positional, or a dict: named)."""
+    return Inputs.of(inputs, convert=to_host)
+
+
+def _check_example(inputs: tuple[Any, ...], dynamic_batch: bool) -> None:
+    if not inputs:
+        raise ConversionError(message("No example inputs", expected="at least one array"))
+    if dynamic_batch and (any(x.ndim == 0 for x in inputs) or len({x.shape[0] for x in inputs}) > 1):
+        raise ConversionError(
+            message(
+                "A dynamic batch needs every input to have the same batch size on axis 0",
+                received=[x.shape for x in inputs],
+                fix="pass dynamic_batch=False for other inputs",
+            )
+        )
+
+
+def runs_on(exporter: Any, target: Any, inputs: Inputs) -> None:
+    """The model, called once on its example inputs before any exporter traces it: a wrong
+    shape or dtype is reported as that, with the framework's one-line cause, rather than from
+    deep inside a tracer."""
+    try:
+        exporter.native_outputs(target, inputs)
+    except Exception as error:
+        text = re.sub(r"\x1b\[[0-9;]*m", "", str(error))  # Keras colours its messages
+        lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
+        cause = next(
+            (line for line in lines if "shape" in line.lower() or "dtype" in line.lower()), lines[0] if lines else ""
+        )
+        raise ConversionError(
+            message(
+                f"The model fails on its example inputs, so there is nothing to export ({exporter.name} "
+                f"raised {type(error).__name__}: {cause[:300]})",
+                expected="example inputs of the shapes and dtypes the model takes, batch first",
+                received=", ".join(f"{name}: {x.dtype}{list(x.shape)}" for name, x in zip(inputs.names, inputs)),
+                fix="call the model on those inputs yourself to see what it wants, then pass such arrays",
+            )
+        ) from error
