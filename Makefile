@@ -21,6 +21,7 @@ export TF_CPP_MIN_LOG_LEVEL ?= 3
 
 demo: $(STAMP)
 	$(BIN)/python examples/device_tour.py
+	$(BIN)/python examples/first_contact.py
 	$(BIN)/python examples/train_anywhere.py
 	$(BIN)/python examples/train_recipe.py --backend jax
 	$(BIN)/python examples/serve_end_to_end.py

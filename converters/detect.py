@@ -47,7 +47,7 @@ def source_of(
             )
         name = model.backend.name if is_imported(model) else backend or framework_of(model)
         target = model
-    inputs = as_inputs(example_inputs)
+    inputs = as_inputs(example_inputs, stacklevel=3)  # the note points at the user's export() call
     _check_example(inputs, dynamic_batch)
     return name, target, inputs, resampled(inputs)
 
@@ -92,20 +92,75 @@ def framework_of(model: Any) -> str:
     return found[0].name
 
 
-def as_inputs(inputs: Any) -> Inputs:
+def as_inputs(inputs: Any, stacklevel: int = 2) -> Inputs:
     """Example inputs as numpy arrays (framework arrays are copied to the host), flat, with
-    their names and structure (positional, or a dict: named)."""
+    their names and structure (positional, or a dict: named).
+
+    A list of rows written as Python lists (``x.tolist()``, ``[[0.0, 1.0], [2.0, 3.0]]``) is
+    the data of one array, as ``np.asarray``, ``torch.tensor`` and ``tf.constant`` read it:
+    it becomes one input, batch first (floats as float32, the frameworks' default), with a
+    note (a ``UserWarning`` at ``stacklevel``), rather than one 0-d input per number. A list
+    of arrays stays what the docs say it is, one input per array."""
+    rows = _python_rows(inputs)
+    if rows is not None:
+        import warnings
+
+        warnings.warn(
+            f"example_inputs is a list of {len(inputs)} rows of Python numbers: read as one input "
+            f"{rows.dtype}{list(rows.shape)}, batch first (pass an array to choose the dtype)",
+            UserWarning,
+            stacklevel=stacklevel + 1,
+        )
+        inputs = rows
     return Inputs.of(inputs, convert=to_host)
 
 
-def _check_example(inputs: tuple[Any, ...], dynamic_batch: bool) -> None:
+def _python_rows(given: Any) -> Any:
+    """``given`` as one numpy array when it is a list of rows of Python numbers (nested lists
+    of int, float or bool, at least two levels deep, rectangular); None otherwise."""
+    import numbers
+
+    import numpy as np
+
+    def numbers_only(value: Any) -> bool:
+        if isinstance(value, (list, tuple)):
+            return all(numbers_only(v) for v in value)
+        return isinstance(value, numbers.Real) and not isinstance(value, np.generic)
+
+    if not (isinstance(given, list) and given and all(isinstance(row, (list, tuple)) for row in given)):
+        return None
+    if not numbers_only(given):
+        return None
+    try:
+        array = np.asarray(given)
+    except ValueError:  # ragged rows: left to the shape checks, which name them
+        return None
+    if array.ndim < 2 or array.dtype.kind not in "biuf":
+        return None
+    return array.astype(np.float32) if array.dtype.kind == "f" else array
+
+
+def _check_example(inputs: Inputs, dynamic_batch: bool) -> None:
     if not inputs:
         raise ConversionError(message("No example inputs", expected="at least one array"))
     if dynamic_batch and (any(x.ndim == 0 for x in inputs) or len({x.shape[0] for x in inputs}) > 1):
+        shapes = [x.shape for x in inputs]
+        shown: Any = shapes if len(shapes) <= 6 else f"{', '.join(map(str, shapes[:4]))}, ... ({len(shapes)} inputs)"
+        if len(inputs) > 1 and not inputs.named and all(x.ndim == 0 for x in inputs):
+            raise ConversionError(
+                message(
+                    f"example_inputs is a list of {len(inputs)} numbers, read as {len(inputs)} separate 0-d "
+                    "inputs, none with a batch axis",
+                    expected="arrays batch first: one per input the model takes",
+                    received=shown,
+                    fix="pass one array, batch first: np.asarray(row, 'float32')[None] for one row, "
+                    "np.stack(rows) for several",
+                )
+            )
         raise ConversionError(
             message(
                 "A dynamic batch needs every input to have the same batch size on axis 0",
-                received=[x.shape for x in inputs],
+                received=shown,
                 fix="pass dynamic_batch=False for other inputs",
             )
         )
@@ -114,21 +169,48 @@ def _check_example(inputs: tuple[Any, ...], dynamic_batch: bool) -> None:
 def runs_on(exporter: Any, target: Any, inputs: Inputs) -> None:
     """The model, called once on its example inputs before any exporter traces it: a wrong
     shape or dtype is reported as that, with the framework's one-line cause, rather than from
-    deep inside a tracer."""
-    try:
-        exporter.native_outputs(target, inputs)
-    except Exception as error:
-        text = re.sub(r"\x1b\[[0-9;]*m", "", str(error))  # Keras colours its messages
-        lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
-        cause = next(
-            (line for line in lines if "shape" in line.lower() or "dtype" in line.lower()), lines[0] if lines else ""
+    deep inside a tracer (and without the warnings the failing call gave on the way)."""
+    import warnings
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            exporter.native_outputs(target, inputs)
+        except Exception as error:
+            raise _fails_on(exporter, inputs, error) from error
+    for warning in caught:  # it ran: its warnings are the user's to see
+        warnings.warn_explicit(warning.message, warning.category, warning.filename, warning.lineno)
+
+
+def _fails_on(exporter: Any, inputs: Inputs, error: Exception) -> ConversionError:
+    text = re.sub(r"\x1b\[[0-9;]*m", "", str(error))  # Keras colours its messages
+    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
+    cause = next(
+        (line for line in lines if "shape" in line.lower() or "dtype" in line.lower()), lines[0] if lines else ""
+    )
+    return ConversionError(
+        message(
+            f"The model fails on its example inputs, so there is nothing to export ({exporter.name} "
+            f"raised {type(error).__name__}: {cause[:300]})",
+            expected="example inputs of the shapes and dtypes the model takes, batch first",
+            received=_shown(inputs),
+            fix=_rows_hint(inputs)
+            + "call the model on those inputs yourself to see what it wants, then pass such arrays",
         )
-        raise ConversionError(
-            message(
-                f"The model fails on its example inputs, so there is nothing to export ({exporter.name} "
-                f"raised {type(error).__name__}: {cause[:300]})",
-                expected="example inputs of the shapes and dtypes the model takes, batch first",
-                received=", ".join(f"{name}: {x.dtype}{list(x.shape)}" for name, x in zip(inputs.names, inputs)),
-                fix="call the model on those inputs yourself to see what it wants, then pass such arrays",
-            )
-        ) from error
+    )
+
+
+def _shown(inputs: Inputs) -> str:
+    """The inputs as ``name: dtype[shape]``, the first few of many."""
+    shown = [f"{name}: {x.dtype}{list(x.shape)}" for name, x in zip(inputs.names, inputs)]
+    return ", ".join(shown if len(shown) <= 6 else [*shown[:4], f"... ({len(shown)} inputs)"])
+
+
+def _rows_hint(inputs: Inputs) -> str:
+    """The fix for arrays that look like the rows of one input, given as a list of inputs."""
+    if inputs.named or len(inputs) < 3 or len({(x.shape, x.dtype) for x in inputs}) > 1:
+        return ""
+    return (
+        f"these are {len(inputs)} separate inputs of one shape; if they are rows of one input, pass "
+        f"np.stack(rows) (one array, {len(inputs)} rows); otherwise "
+    )

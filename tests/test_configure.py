@@ -1,4 +1,5 @@
-"""configure(): applied before a runtime starts, refused clearly after, validated always.
+"""configure(): applied before a runtime starts, refused clearly after, validated always
+(what waits for a framework not imported yet: tests/test_pending_configuration.py).
 
 Each case runs in a fresh interpreter: the test process itself configured its backends at
 start-up (xdevice_cpu_devices = 4) and their runtimes are running.
@@ -67,7 +68,9 @@ def test_the_same_settings_again_after_start_are_accepted(run_python):
 
 def test_a_global_configure_reports_every_backend(run_python):
     result = run_python("""
-        import json, xdevice
+        import importlib, json, xdevice
+        for name in xdevice.backends():  # imported first: each is configured at once, not pending
+            importlib.import_module(name)
         report = xdevice.configure(cpu_devices=2, memory_limit="1GiB", memory_growth=True)
         print(json.dumps([[a.backend, a.setting, a.how] for a in report]))
     """)
@@ -75,6 +78,7 @@ def test_a_global_configure_reports_every_backend(run_python):
     rows = json.loads(result.stdout)
     assert {b for b, _, _ in rows} == set(xdevice.backends())
     assert ["numpy", "cpu_devices", "unsupported"] in rows
+    assert [row for row in rows if row[2] == "pending"] == []
     if not xdevice.devices(kind="gpu"):
         assert all(how == "skipped" for b, s, how in rows if s.startswith("memory") and b != "numpy")
 

@@ -31,6 +31,21 @@ def test_virtual_cpu_devices_show_in_the_framework_view(backend):
     assert [str(d) for d in cpus] == ["cpu:0", "cpu:1", "cpu:2", "cpu:3"]
 
 
+def test_a_missing_virtual_cpu_device_names_configure(backend):
+    # tests run with xdevice_cpu_devices = 4: cpu:7 is missing on every backend
+    with pytest.raises(DeviceNotFound) as caught:
+        xdevice.find("cpu:7", backend=backend.name)
+    said = str(caught.value)
+    assert "No device cpu:7" in said and "xdevice.configure(cpu_devices=8)" in said
+    if not backend.supports_virtual_devices:
+        assert "has one CPU device" in said and f"for {backend.name!r} use cpu:0" in said
+
+
+def test_a_missing_cpu_device_on_the_machine_view_names_configure_and_a_framework():
+    with pytest.raises(DeviceNotFound, match=r"xdevice.configure\(cpu_devices=2\) first.*backend="):
+        xdevice.find("cpu:1")
+
+
 def test_the_framework_view_carries_the_machine_facts(backend):
     cpu = xdevice.devices(backend=backend.name)[0]
     assert cpu.memory_total == xdevice.devices()[0].memory_total

@@ -34,6 +34,23 @@ def test_a_typo_in_a_backend_name_suggests_the_right_one():
     assert "Valid choices: numpy, torch, jax, tensorflow" in str(caught.value)
 
 
+@pytest.mark.parametrize(
+    "typed, meant", [("tf", "tensorflow"), ("pytorch", "torch"), ("jnp", "jax"), ("jax.numpy", "jax"), ("np", "numpy")]
+)
+def test_a_backend_alias_people_type_is_suggested_with_the_fix(typed, meant):
+    # one spelling, the import name: an alias is answered, not accepted as a second name
+    with pytest.raises(BackendUnavailable) as caught:
+        xdevice.backend(typed)
+    said = str(caught.value)
+    assert f"Did you mean {meant!r}?" in said
+    assert f"Fix: pass {meant!r} ({typed!r} is its usual alias" in said
+
+
+def test_a_device_given_as_a_backend_says_it_is_a_device():
+    with pytest.raises(BackendUnavailable, match="'cuda' is a device, not a backend: pass device='cuda'"):
+        xdevice.backend("cuda")
+
+
 def test_a_registered_backend_without_its_framework_gives_the_pip_line(tmp_path, run_python):
     # A real third-party registration: a distribution on sys.path with an entry point.
     dist = tmp_path / "xdevice_plugin_demo-1.0.dist-info"

@@ -116,9 +116,38 @@ def find(spec: object, backend: str | None = None) -> Device:
             expected="one of the devices that exist",
             received=str(spec),
             choices=[str(d) for d in present],
-            fix="pass one of those (xdevice.devices() lists them); only xdevice.on(..., soft=True) falls back "
+            fix=_virtual_cpu_fix(wanted, backend)
+            or "pass one of those (xdevice.devices() lists them); only xdevice.on(..., soft=True) falls back "
             "to the CPU by itself",
         )
+    )
+
+
+def _virtual_cpu_fix(wanted: Device, backend: str | None) -> str | None:
+    """For ``cpu:N`` (N > 0), the fix that makes it: virtual CPU devices, which exist only
+    once ``configure(cpu_devices=...)`` split the CPU, and only in a framework that can."""
+    if wanted.kind != "cpu" or wanted.index == 0:
+        return None
+    count = wanted.index + 1
+    able = [name for name in ("jax", "tensorflow") if name in _registry.backends()]
+    if backend is None:
+        return (
+            f"call xdevice.configure(cpu_devices={count}) first, then name the framework that splits the CPU "
+            f"(backend={able[0] if able else 'jax'!r}): the machine itself has one CPU device"
+        )
+    if _registry.backend(backend).supports_virtual_devices:
+        return (
+            f"call xdevice.configure(cpu_devices={count}) at the top of the program, before "
+            f"{_registry.title(backend)} starts: it splits the CPU into {count} devices"
+        )
+    launch = (
+        f", or one process per device: xdevice launch --nproc-per-node {count}"
+        if backend in _registry.providers("agent")
+        else ""
+    )
+    return (
+        f"{_registry.title(backend)} has one CPU device: xdevice.configure(cpu_devices={count}) splits the CPU "
+        f"for {' and '.join(able) or 'JAX and TensorFlow'}; for {backend!r} use cpu:0{launch}"
     )
 
 

@@ -79,8 +79,11 @@ def message(
     received: object = None,
     choices: Iterable[str] | None = None,
     fix: str | None = None,
+    suggestion: str | None = None,
 ) -> str:
-    """Assemble an error message from its parts; empty parts are left out.
+    """Assemble an error message from its parts; empty parts are left out. The nearest
+    choice is found by spelling, unless the caller knows the one meant (``suggestion``: an
+    alias such as ``"tf"`` is not spelled like ``"tensorflow"``).
 
     >>> print(message("Unknown backend.", expected="a backend name",
     ...               received="trch", choices=["numpy", "torch"]))
@@ -94,7 +97,7 @@ def message(
     if choices is not None:
         choices = list(choices)
         parts.append(f"Valid choices: {', '.join(choices) if choices else '(none)'}.")
-        close = nearest(str(received), choices) if received is not None else None
+        close = suggestion or (nearest(str(received), choices) if received is not None else None)
         if close is not None and close != received:
             parts.append(f"Did you mean {close!r}?")
     if fix:

@@ -28,8 +28,10 @@ if TYPE_CHECKING:
     from xdevice.backends.base import Backend
 
 __all__ = [
+    "ALIASES",
     "backends",
     "backend",
+    "unknown",
     "loaded_backends",
     "active_backends",
     "is_installed",
@@ -43,6 +45,20 @@ __all__ = [
 
 GROUP = "xdevice.backends"
 _BUILTIN_ORDER = ("numpy", "torch", "jax", "tensorflow")
+
+#: What people type for a backend, and its name. A backend has one name, its framework's
+#: import name (so ``backend_of(x) == "tensorflow"`` reads the same everywhere): an alias is
+#: suggested with the exact fix, never accepted silently as a second spelling.
+ALIASES = {
+    "tf": "tensorflow",
+    "pytorch": "torch",
+    "pt": "torch",
+    "jnp": "jax",
+    "jax.numpy": "jax",
+    "np": "numpy",
+}
+#: Device names typed where a backend name goes.
+_DEVICE_WORDS = ("cpu", "gpu", "cuda", "tpu", "mps", "rocm")
 
 _cache: dict[str, Backend] = {}
 _lock = threading.RLock()
@@ -107,14 +123,7 @@ def backend(name: str) -> Backend:
             return _cache[name]
         points = _entry_points()
         if name not in points:
-            raise BackendUnavailable(
-                message(
-                    "Unknown backend",
-                    expected="the name of a registered backend",
-                    received=name,
-                    choices=list(points) or ["(none: is xdevice installed? pip install -e .)"],
-                )
-            )
+            raise BackendUnavailable(unknown(name))
         if not is_installed(name):
             raise BackendUnavailable(
                 message(
@@ -138,6 +147,33 @@ def backend(name: str) -> Backend:
             ) from error
         _cache[name] = instance
         return instance
+
+
+def unknown(name: object, what: str = "backend") -> str:
+    """The message for ``name`` where a backend name was expected: the registered names,
+    and the one meant when ``name`` is an alias (``"tf"``) or a device (``"cuda"``), with the fix.
+
+    >>> print(unknown("tf"))  # doctest: +NORMALIZE_WHITESPACE
+    Unknown backend. Expected the name of a registered backend (its framework's import name).
+    Received: 'tf'. Valid choices: numpy, torch, jax, tensorflow. Did you mean 'tensorflow'?
+    Fix: pass 'tensorflow' ('tf' is its usual alias; a backend goes by its import name).
+    """
+    points = list(_entry_points()) or ["(none: is xdevice installed? pip install -e .)"]
+    key = str(name).strip().lower()
+    meant, fix = ALIASES.get(key), None
+    if meant is not None and meant in points:
+        fix = f"pass {meant!r} ({name!r} is its usual alias; a backend goes by its import name)"
+    elif key.split(":")[0] in _DEVICE_WORDS:
+        meant = None
+        fix = f"{name!r} is a device, not a backend: pass device={name!r}, and a backend from the choices"
+    return message(
+        f"Unknown {what}",
+        expected="the name of a registered backend (its framework's import name)",
+        received=name,
+        choices=points,
+        suggestion=meant,
+        fix=fix,
+    )
 
 
 def loaded_backends() -> list[Backend]:

@@ -19,8 +19,9 @@ __all__ = ["Config", "Applied", "ConfigReport", "MemoryStats", "parse_bytes", "f
 #: limit. ``pool``: the framework reserves that much up front and allocates inside it.
 #: ``advisory``: recorded and used by xdevice, not enforced by the framework.
 #: ``applied``: a non-limit setting took effect. ``skipped``: nothing to apply it to (no GPU,
-#: say). ``unsupported``: the framework cannot do it. ``detail`` says how, or why not.
-How = Literal["enforced", "pool", "advisory", "applied", "skipped", "unsupported"]
+#: say). ``unsupported``: the framework cannot do it. ``pending``: the framework is not imported
+#: yet; the setting is applied when it is. ``detail`` says how, or why not.
+How = Literal["enforced", "pool", "advisory", "applied", "skipped", "unsupported", "pending"]
 
 _UNITS = {
     "": 1,

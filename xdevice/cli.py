@@ -82,6 +82,10 @@ def build_parser() -> argparse.ArgumentParser:
     form.add_argument("--markdown", action="store_true", help="print a Markdown table")
     check.set_defaults(run=_parity)
 
+    zoo = commands.add_parser("models", help="the reference zoo: each model's input, output and hyper-parameters")
+    zoo.add_argument("names", nargs="*", metavar="NAME", help="zoo models to describe (default: all)")
+    zoo.set_defaults(run=_models)
+
     out = commands.add_parser("export", help="export a zoo model to ONNX, checked and verified")
     out.add_argument("model", metavar="MODEL", help="a zoo model name, or a .safetensors file from Model.save")
     out.add_argument(
@@ -135,7 +139,11 @@ def build_parser() -> argparse.ArgumentParser:
     suite.set_defaults(run=_conformance)
 
     server = commands.add_parser("serve", help="serve a model repository over KServe V2 (HTTP and gRPC)")
-    server.add_argument("repository", help="REPO/<model>/<version>/model.onnx, Triton's layout")
+    server.add_argument(
+        "repository",
+        help="a folder in Triton's layout, REPO/<model>/<version>/model.onnx; or one .onnx file, "
+        "served as a model named after the file",
+    )
     server.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1, this machine only)")
     server.add_argument("--port", type=int, default=8000, help="HTTP port (default 8000)")
     server.add_argument("--grpc-port", type=int, default=8001, help="gRPC port (default 8001; 0: no gRPC)")
@@ -260,6 +268,13 @@ def _as_dict(d: Device) -> dict:
         "compute_capability": list(d.compute_capability) if d.compute_capability else None,
         "backends": list(d.backends),
     }
+
+
+def _models(args: argparse.Namespace) -> int:
+    from xdevice import models
+
+    print("\n\n".join(models.describe(name) for name in args.names) if args.names else models.describe())
+    return 0
 
 
 def _parity(args: argparse.Namespace) -> int:

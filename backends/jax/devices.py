@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import jax
 
+from xdevice._configure import AppliesPendingConfiguration
 from xdevice._device import Device, device_from_parts
 from xdevice._errors import ConfigurationError, message
 from xdevice._types import Applied, Config
 
 
-class Devices:
+class Devices(AppliesPendingConfiguration):  # creating the backend applies pending settings
     def version(self) -> str:
         return jax.__version__
 

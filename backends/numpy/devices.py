@@ -6,11 +6,12 @@ from typing import Any
 
 import numpy as np
 
+from xdevice._configure import AppliesPendingConfiguration
 from xdevice._device import Device
 from xdevice._types import Applied, Config
 
 
-class Devices:
+class Devices(AppliesPendingConfiguration):  # creating the backend applies pending settings
     def version(self) -> str:
         return np.__version__
 

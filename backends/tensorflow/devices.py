@@ -11,12 +11,13 @@ from typing import Any
 
 import tensorflow as tf
 
+from xdevice._configure import AppliesPendingConfiguration
 from xdevice._device import Device, device
 from xdevice._errors import ConfigurationError, message
 from xdevice._types import Applied, Config
 
 
-class Devices:
+class Devices(AppliesPendingConfiguration):  # creating the backend applies pending settings
     def version(self) -> str:
         return tf.__version__
 

@@ -85,5 +85,8 @@ def _tf_variables(module: Any) -> list:
 
 
 def _variable_name(variable: Any, index: int) -> str:
+    """``<position>:<short name>`` (``001:bias``): where the variable sits among the model's
+    trainable variables, not the layer names Keras generated (``sequential_1/dense_2/``
+    for the same model built twice in one process), so a checkpoint loads into its twin."""
     name = getattr(variable, "path", None) or variable.name
-    return f"{index:03d}:{name.split(':')[0]}"  # names repeat across Keras layers; the index does not
+    return f"{index:03d}:{name.split(':')[0].split('/')[-1]}"  # short names repeat across layers; the index does not

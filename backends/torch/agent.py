@@ -88,7 +88,9 @@ def run(torchrun_arguments: list[str]) -> int:
 
     for key, value in AGENT_ENVIRONMENT.items():
         os.environ.setdefault(key, value)
-    config, entrypoint, entry_arguments = config_from_args(parse_args(torchrun_arguments))
+    parsed = parse_args(torchrun_arguments)
+    _share_threads(parsed.nproc_per_node)
+    config, entrypoint, entry_arguments = config_from_args(parsed)
     try:
         elastic_launch(config=config, entrypoint=entrypoint)(*entry_arguments)
     except ChildFailedError as error:
@@ -101,6 +103,22 @@ def run(torchrun_arguments: list[str]) -> int:
         )
         return code
     return 0
+
+
+def _share_threads(nproc_per_node: str) -> None:
+    """``OMP_NUM_THREADS`` for the workers, when the user set none and there are several: the
+    CPUs this process may use, shared out (at least 1 each), so that N workers do not each
+    start a thread per core. torchrun would set 1 and print a five-line banner saying so (its
+    only sign is that banner); set here, the banner has nothing to announce, and workers
+    training on the CPU get the cores there are."""
+    if "OMP_NUM_THREADS" in os.environ:
+        return
+    from torch.distributed.run import determine_local_world_size
+
+    workers = determine_local_world_size(nproc_per_node)
+    if workers > 1:
+        cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+        os.environ["OMP_NUM_THREADS"] = str(max(1, cpus // workers))
 
 
 def worker_environment() -> dict[str, str]:

@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import torch
 
+from xdevice._configure import AppliesPendingConfiguration
 from xdevice._device import Device, device_from_parts
 from xdevice._types import Applied, Config
 
 
-class Devices:
+class Devices(AppliesPendingConfiguration):  # creating the backend applies pending settings
     def version(self) -> str:
         return torch.__version__
 

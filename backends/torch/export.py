@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import torch
 
 from xdevice._errors import ConversionError, message
+from xdevice._quiet import quiet_stderr
 from xdevice.backends._export import exporter_failed, record_output_names
 from xdevice.backends._model_io import Inputs, call_with, flat_outputs, output_names
 
@@ -186,11 +187,22 @@ def _torchscript(module: torch.nn.Module, args: tuple, axes: list[dict[int, str]
     buffer = io.BytesIO()
     names = [f"xs_{i}" for i in range(len(args))]
     dynamic = {name: found for name, found in zip(names, axes) if found} or None
-    with warnings.catch_warnings():  # its deprecation notice and tracer warnings
-        warnings.simplefilter("ignore")
-        torch.onnx.export(
-            module, args, buffer, dynamo=False, opset_version=min(opset, 20), input_names=names, dynamic_axes=dynamic
-        )
+    logging_on = torch._C._jit_is_onnx_log_enabled()
+    torch._C._jit_set_onnx_log_output_stream("stderr")  # where _quiet captures it (the default is stdout)
+    try:
+        with warnings.catch_warnings():  # its deprecation notice and tracer warnings
+            warnings.simplefilter("ignore")
+            torch.onnx.export(
+                module,
+                args,
+                buffer,
+                dynamo=False,
+                opset_version=min(opset, 20),
+                input_names=names,
+                dynamic_axes=dynamic,
+            )
+    finally:  # the exporter switches ONNX logging on and leaves it on (torch 2.13's setup_onnx_logging)
+        torch._C._jit_set_onnx_log_enabled(logging_on)
     return onnx.load_from_string(buffer.getvalue())
 
 
@@ -243,7 +255,23 @@ def _inference(module: torch.nn.Module) -> Iterator[None]:
 def _quiet() -> Iterator[None]:
     """Silence torch's own deprecation notices and log lines while exporting (torchvision not
     installed, fake-tensor tracebacks, onnx_ir's serializer notes): they are about torch
-    internals, not the user's model."""
+    internals, not the user's model. What torch writes to stderr itself (``torch.export``
+    prints the partial graph of a failed trace, the TorchScript exporter its IR graph from
+    C++) is captured (``xdevice._quiet``: logged at DEBUG on ``xdevice.backends.torch.onnx``,
+    shown as it comes with ``XDEVICE_VERBOSE``); an error raised here passes through
+    unchanged, without replaying those lines: the user gets it once, in xdevice's words."""
+    failure: BaseException | None = None
+    with quiet_stderr("torch.onnx"), _quiet_loggers():
+        try:
+            yield
+        except BaseException as error:  # noqa: BLE001 - raised again below, once stderr is back
+            failure = error
+    if failure is not None:
+        raise failure
+
+
+@contextlib.contextmanager
+def _quiet_loggers() -> Iterator[None]:
     # torch's exporter logs, and fake tensors log every failed meta kernel with its traceback
     # (the error itself reaches the user once, as a ConversionError with its one-line cause)
     loggers = [

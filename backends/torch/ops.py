@@ -420,15 +420,16 @@ class TorchOps(Ops):
     def take(self, x: Array, indices: Array | int, axis: int = 0) -> Array:
         if isinstance(indices, (int, np.integer)):
             return torch.select(x, axis, int(indices))
-        # one advanced index: numpy's take, with negative indices wrapping
+        # numpy's take, with negative indices wrapping, as index_select rather than advanced
+        # indexing: the latter's backward accumulates with index_put_ across threads in no fixed
+        # order (a seeded fit then differs run to run), index_select's index_add_ in index order
         indices = torch.as_tensor(indices, device=x.device)
-        if indices.dim() == 0 and self._tracing_control_flow:
-            # a scalar tensor as an index is read as a number, which a traced loop's counter
-            # is not: select by index_select instead
-            size = x.shape[axis]
-            picked = torch.index_select(x, axis, torch.where(indices < 0, indices + size, indices).reshape(1))
-            return picked.squeeze(axis)
-        return x[(builtins.slice(None),) * (axis % x.dim()) + (indices,)]
+        if indices.dtype not in (torch.int32, torch.int64):  # index_select takes only these
+            indices = indices.long()
+        axis %= x.dim()
+        flat = torch.where(indices < 0, indices + x.shape[axis], indices).reshape(-1)
+        picked = torch.index_select(x, axis, flat)
+        return picked.reshape(*x.shape[:axis], *indices.shape, *x.shape[axis + 1 :])
 
     def take_along_axis(self, x: Array, indices: Array, axis: int) -> Array:
         indices = torch.as_tensor(indices, device=x.device).long()  # gather wants int64

@@ -354,3 +354,69 @@ def test_example_inputs_the_model_cannot_take_are_reported_before_any_exporter_r
         r"Received: 'input: float32\[2, 5\]'",
     ):
         export(model, example_inputs=np.ones((2, 5), np.float32))
+
+
+def test_a_list_of_rows_of_python_numbers_is_exported_as_one_input_with_a_note():
+    jnp = pytest.importorskip("jax.numpy")
+    rows = np.random.default_rng(0).normal(size=(4, 6)).tolist()  # x.tolist(): Python floats
+    with pytest.warns(UserWarning, match=r"list of 4 rows of Python numbers: read as one input float32\[4, 6\]"):
+        result = export(lambda x: jnp.tanh(x) * 2, example_inputs=rows)
+    assert [(i.name, i.shape, i.dtype) for i in result.inputs] == [("input", ("batch", 6), "float32")]
+
+
+def test_a_list_of_numbers_is_refused_with_the_fix_that_makes_one_array():
+    with pytest.raises(
+        ConversionError,
+        match=r"list of 8 numbers, read as 8 separate 0-d inputs.*"
+        r"Received: '\(\), \(\), \(\), \(\), \.\.\. \(8 inputs\)'.*"
+        r"Fix: pass one array, batch first: np.asarray\(row, 'float32'\)\[None\]",
+    ):
+        export(lambda x: x, backend="jax", example_inputs=list(np.arange(8.0)))  # one row, as numbers
+
+
+def test_arrays_that_look_like_rows_of_one_input_get_the_stack_fix_when_the_model_fails():
+    torch = pytest.importorskip("torch")
+    rows = list(np.ones((5, 8), np.float32))  # five 1-D arrays: five inputs, as documented
+    with pytest.raises(ConversionError, match=r"these are 5 separate inputs of one shape.*np.stack\(rows\)"):
+        export(torch.nn.Linear(8, 2), example_inputs=rows)
+
+
+def test_an_exporters_error_is_summed_up_in_one_line_without_colour_or_its_own_next_steps():
+    from xdevice.backends._export import exporter_failed
+
+    class Inner(Exception):
+        pass
+
+    try:
+        try:
+            raise Inner("No ONNX function found for aten._linalg_eigh")
+        except Inner as inner:
+            raise RuntimeError(
+                "Failed to convert the exported program to an ONNX model. \x1b[96mThis is step 3/3\x1b[0m of "
+                "exporting the model to ONNX. Next steps:\n- If there is a missing ONNX function, implement it "
+                "and register it to the registry.\n- Create an issue in the PyTorch GitHub repository against the "
+                "\x1b[96m*onnx*\x1b[0m component.\n\n## Exception summary\n"
+            ) from inner
+    except RuntimeError as error:
+        summed = str(exporter_failed("torch.onnx", error, "try another opset"))
+    assert summed == (
+        "torch.onnx could not export the model. Received: 'RuntimeError: Failed to convert the exported program to "
+        "an ONNX model. (caused by Inner: No ONNX function found for aten._linalg_eigh)'. Fix: try another opset."
+    )
+
+
+def test_a_failed_torch_export_says_why_in_one_line_keeps_the_original_as_cause_and_prints_nothing(capfd):
+    torch = pytest.importorskip("torch")
+
+    class Eigen(torch.nn.Module):  # aten::linalg_eigh: neither of PyTorch's exporters translates it
+        def forward(self, x):
+            return torch.linalg.eigh(x @ x.transpose(-1, -2))[0]
+
+    with pytest.raises(ConversionError) as caught:
+        export(Eigen(), example_inputs=np.ones((3, 4, 4), np.float32))
+    said = str(caught.value)
+    assert "linalg_eigh" in said and "\n" not in said and "\x1b[" not in said
+    assert "GitHub" not in said and "Next steps" not in said
+    assert "Create an issue in the PyTorch GitHub repository" in str(caught.value.__cause__)  # the original, whole
+    out, err = capfd.readouterr()
+    assert (out, err) == ("", "")  # torch's graph dumps (stdout and stderr) stayed off the terminal

@@ -37,7 +37,7 @@ def broken_repository(tmp_path_factory):
 
 
 def test_by_default_a_model_that_fails_to_load_stops_start_up_naming_each_reason(broken_repository):
-    with pytest.raises(ConfigurationError, match="3 model") as failed:
+    with pytest.raises(ConfigurationError, match="3 models failed to load") as failed:
         create_app(broken_repository)
     for name in BROKEN:
         assert f"{name}: " in str(failed.value)
@@ -53,6 +53,11 @@ def test_the_command_exits_with_the_reasons(broken_repository):
     )
     assert done.returncode != 0
     assert "failed to load" in done.stderr and "max_batch_sise" in done.stderr
+    lines = done.stderr.strip().splitlines()
+    for name in BROKEN:  # one line each: the error's, not a log line besides
+        assert sum(line.startswith(f"  {name}: ") for line in lines) == 1, done.stderr
+        assert not any(f"model {name!r} failed to load" in line for line in lines), done.stderr
+    assert lines[-1].startswith("Fix: ") and lines[-1].endswith("to serve the others."), lines[-1]
 
 
 def test_without_exit_on_error_the_index_says_why_and_readiness_says_no(broken_repository, caplog):

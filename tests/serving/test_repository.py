@@ -67,7 +67,14 @@ def test_index_lists_every_model_and_version_folder(tmp_path):
     assert repo.index() == [
         {"name": "a", "version": "1", "state": "UNAVAILABLE", "reason": ""},
         {"name": "a", "version": "2", "state": "UNAVAILABLE", "reason": f"no model.onnx in {tmp_path / 'a' / '2'}"},
-        {"name": "empty", "version": "", "state": "UNAVAILABLE", "reason": "no numeric version folder"},
+        {
+            "name": "empty",
+            "version": "",
+            "state": "UNAVAILABLE",
+            "reason": f"Model 'empty' has no version to serve: {tmp_path / 'empty'} holds no version folder. "
+            f"Expected {tmp_path / 'empty'}/<version>/model.onnx (Triton's layout; the version a whole number). "
+            f"Fix: export the model to {tmp_path / 'empty' / '1' / 'model.onnx'}.",
+        },
     ]
 
 
@@ -88,6 +95,40 @@ def test_unknown_version_lists_the_versions(tmp_path):
 def test_missing_root_is_a_clear_error(tmp_path):
     with pytest.raises(ConfigurationError, match="Model repository not found"):
         Repository(tmp_path / "nope")
+    (tmp_path / "model.pt").write_bytes(b"torch")
+    with pytest.raises(ConfigurationError, match="Expected a folder .*, or one .onnx file.*export the model to ONNX"):
+        Repository(tmp_path / "model.pt")
+
+
+def test_one_onnx_file_is_a_repository_of_one_model_named_after_it(tmp_path):
+    (tmp_path / "digits.onnx").write_bytes(b"onnx")
+    (tmp_path / "other").mkdir()  # its neighbours are not models
+    repo = Repository(tmp_path / "digits.onnx")
+    assert repo.models() == ["digits"] and repo.versions("digits") == [1] and repo.served("digits") == [1]
+    assert repo.path("digits") == tmp_path / "digits.onnx"
+    assert repo.config("digits") == ModelConfig(name="digits")
+    assert repo.index() == [{"name": "digits", "version": "1", "state": "UNAVAILABLE", "reason": ""}]
+    assert repo.strays() == []
+
+
+def test_latest_of_a_model_without_a_version_says_what_was_found(tmp_path):
+    repo = make_repo(tmp_path, {"digits": ["1-"]})
+    (tmp_path / "digits" / "1" / "digits.onnx").write_bytes(b"onnx")
+    with pytest.raises(ModelNotFound, match=r"found .*/digits/1/digits.onnx, but a version's file must be named"):
+        repo.latest("digits")
+
+
+def test_vocab_size_is_the_one_parameter_read(tmp_path):
+    make_repo(tmp_path, {"m": ["1"]}, {"m": 'parameters { key: "vocab_size" value { string_value: "100" } }'})
+    config = read_config(tmp_path / "m")
+    assert config.vocab_size == 100
+    assert triton_config(config, [], [])["parameters"] == {"vocab_size": {"string_value": "100"}}
+    (tmp_path / "m" / "config.pbtxt").write_text('parameters { key: "vocab" value { string_value: "100" } }')
+    with pytest.raises(ConfigurationError, match=r"line 1: parameter 'vocab' is not supported.*'vocab_size'"):
+        read_config(tmp_path / "m")
+    (tmp_path / "m" / "config.pbtxt").write_text('parameters { key: "vocab_size" value { string_value: "-3" } }')
+    with pytest.raises(ConfigurationError, match=r"Expected a whole number >= 1. Received: '-3'"):
+        read_config(tmp_path / "m")
 
 
 def test_config_pbtxt_is_read_against_tritons_model_config(tmp_path):

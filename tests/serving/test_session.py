@@ -12,7 +12,7 @@ pytest.importorskip("onnxruntime")
 
 from onnx import TensorProto, helper  # noqa: E402 - below the importorskip guard
 
-from xdevice import ConfigurationError, Device, DeviceNotFound, InferenceError  # noqa: E402 - below the importorskip guard
+from xdevice import ConfigurationError, Device, DeviceNotFound, InferenceError, devices  # noqa: E402 - below the importorskip guard
 from xdevice._types import Config  # noqa: E402 - below the importorskip guard
 from xdevice.serving import session as session_module  # noqa: E402 - below the importorskip guard
 from xdevice.serving.session import Session, TensorSpec, _check_providers, provider_list  # noqa: E402 - below the importorskip guard
@@ -198,8 +198,41 @@ def test_a_gpu_session_without_cuda_provider_raises_instead_of_running_on_cpu(mu
 
     if "CUDAExecutionProvider" in ort.get_available_providers():
         pytest.skip("this onnxruntime build has CUDA; the fallback cannot be shown here")
-    with pytest.raises(DeviceNotFound, match="onnxruntime-gpu"):
+    fix = "onnxruntime-gpu" if devices(kind="gpu") else "no GPU here; use cpu:0"  # the advice fits the machine
+    with pytest.raises(DeviceNotFound, match=fix):
         Session(mul_relu_add, "gpu:0")
+
+
+QUIET_GPU_SESSION = """
+    from onnx import TensorProto, helper
+    from xdevice.serving.session import Session
+    graph = helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["y"])], "tiny",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 4])],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
+    model.ir_version = 10
+    try:
+        Session(model, "gpu:0")
+    except Exception as error:
+        print(type(error).__name__)
+"""
+
+
+def test_onnx_runtime_warnings_reach_stderr_only_when_asked_for(run_python):
+    """A GPU session where ORT has no CUDA: ORT logs a coloured provider warning; xdevice's
+    error says it all, so the warning shows only with XDEVICE_VERBOSE (xdevice --verbose)."""
+    import onnxruntime as ort
+
+    if "CUDAExecutionProvider" in ort.get_available_providers():
+        pytest.skip("this onnxruntime build has CUDA: no provider warning to hide")
+    quiet = run_python(QUIET_GPU_SESSION, env={"XDEVICE_VERBOSE": "0"})
+    assert quiet.stdout.strip() == "DeviceNotFound", quiet.stderr
+    assert quiet.stderr == ""
+    verbose = run_python(QUIET_GPU_SESSION, env={"XDEVICE_VERBOSE": "1"})
+    assert verbose.stdout.strip() == "DeviceNotFound", verbose.stderr
+    assert "onnxruntime" in verbose.stderr
 
 
 # -- the provider decision, with made-up sessions (the ORT-CUDA path, covered on CPU) ------
@@ -210,6 +243,19 @@ REQUESTED = ["CUDAExecutionProvider", "CPUExecutionProvider"]
 def test_check_providers_refuses_gpu_when_cuda_did_not_register():
     with pytest.raises(DeviceNotFound, match="xdevice doctor"):
         _check_providers(GPU, REQUESTED, ["CPUExecutionProvider"], [("CPUExecutionProvider", "Add")], False)
+    with pytest.raises(DeviceNotFound, match="pip install onnxruntime-gpu"):
+        _check_providers(GPU, REQUESTED, ["CPUExecutionProvider"], None, False, gpus=1)
+
+
+def test_on_a_machine_without_a_gpu_the_fix_is_the_cpu_not_onnxruntime_gpu(monkeypatch):
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    with pytest.raises(DeviceNotFound) as caught:
+        _check_providers(GPU, REQUESTED, ["CPUExecutionProvider"], None, False, gpus=0)
+    assert "this machine has no GPU" in str(caught.value)
+    assert str(caught.value).endswith("Fix: no GPU here; use cpu:0.")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    with pytest.raises(DeviceNotFound, match=r"use cpu:0 \(or unset CUDA_VISIBLE_DEVICES='', if it hides a GPU\)"):
+        _check_providers(GPU, REQUESTED, ["CPUExecutionProvider"], None, False, gpus=0)
 
 
 def test_check_providers_refuses_missing_tensorrt():

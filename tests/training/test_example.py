@@ -85,3 +85,23 @@ def test_the_scaling_benchmark_runs_its_one_vs_n_path_on_virtual_cpus():
     rows = re.findall(r"^mlp\s+jax\s+(\d)\s+[\d.]+\s+\d+\s+([\d.]+)x$", done.stdout, re.M)
     assert [count for count, _ in rows] == ["1", "2"], done.stdout
     assert rows[0][1] == "1.00"
+
+
+@pytest.mark.slow
+def test_the_first_contact_walk_through_agrees_on_every_backend_and_prints_no_framework_chatter():
+    """scikit-learn's digits: the zoo mlp trained on each installed backend to one accuracy, the
+    test split converted into each framework, ONNX Runtime agreeing; stderr stays empty (no
+    TensorFlow, torch or ONNX Runtime banner from Python training, unasked)."""
+    import xdevice
+
+    pytest.importorskip("sklearn")
+    pytest.importorskip("onnxruntime")
+    walk_through = Path(__file__).parents[2] / "examples" / "first_contact.py"
+    env = {k: v for k, v in os.environ.items() if k not in ("TF_CPP_MIN_LOG_LEVEL", "XDEVICE_VERBOSE")}
+    done = subprocess.run([sys.executable, str(walk_through)], capture_output=True, text=True, timeout=600, env=env)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert done.stdout.rstrip().endswith("\nOK")
+    trained = dict(re.findall(r"^  (\w+)\s+loss .* test accuracy ([\d.]+)%$", done.stdout, re.M))
+    assert set(trained) == set(xdevice.backends()) and float(min(trained.values())) >= 90
+    assert re.search(r"max abs error \S+, test accuracy ([\d.]+)%", done.stdout).group(1) in trained.values()
+    assert done.stderr == ""

@@ -170,8 +170,84 @@ def test_bad_settings_name_the_valid_choices():
         Trainer(model, optimizer="adagrad")
     with pytest.raises(ConfigurationError, match="cross_entropy"):
         Trainer(model, loss="hinge")
-    with pytest.raises(ConfigurationError, match="lr"):
-        Trainer(model, optimizer="sgd", learning_rate=0.1)
+    with pytest.raises(ConfigurationError, match=r"Received: 'momentun'.*Did you mean 'momentum'\?"):
+        Trainer(model, optimizer="sgd", momentun=0.9)
+
+
+@pytest.mark.parametrize(
+    "typed, meant",
+    [("batchsize", "batch_size"), ("epoch", "epochs"), ("validaton", "validation"), ("weight_decy", "weight_decay")],
+)
+def test_a_misspelt_option_gets_the_nearest_of_fits_and_the_optimizers(typed, meant):
+    with pytest.raises(
+        ConfigurationError,
+        match=rf"Unknown option for fit\. Expected one of fit's options or the 'adam' optimizer's\. "
+        rf"Received: '{typed}'\..*Did you mean '{meant}'\?",
+    ):
+        fit(models.build("mlp", seed=1, **SMALL_MLP), data(), verbose=0, **{typed: 2})
+
+
+def test_an_option_of_trainer_fit_given_to_trainer_says_where_it_goes():
+    with pytest.raises(ConfigurationError, match=r"Fix: batch_size is an option of Trainer\.fit"):
+        Trainer(models.build("mlp", seed=1, **SMALL_MLP), batch_size=16)
+
+
+def test_keras_names_learning_rate_and_validation_data_are_taken():
+    x, y = data()
+    runs = [
+        fit(models.build("mlp", seed=1, **SMALL_MLP), (x, y), epochs=2, verbose=0, **options)
+        for options in ({"lr": 0.05, "validation": (x, y)}, {"learning_rate": 0.05, "validation_data": (x, y)})
+    ]
+    assert runs[1].steps == runs[0].steps and runs[1]["val_loss"] == runs[0]["val_loss"]
+    with pytest.raises(ConfigurationError, match="learning_rate is another name for lr: pass one of them"):
+        fit(models.build("mlp", seed=1, **SMALL_MLP), (x, y), lr=0.1, learning_rate=0.1, verbose=0)
+
+
+def test_drop_last_leaves_out_each_epochs_short_batch(backend):
+    x, y = data()  # 80 rows: two batches of 32 and one of 16
+    model = models.build("mlp", backend=backend.name, seed=1, **SMALL_MLP)
+    history = fit(model, (x, y), epochs=2, batch_size=32, drop_last=True, verbose=0)
+    assert len(history.steps) == 4
+    with pytest.raises(ConfigurationError, match=r"drop_last cuts \(x, y\) arrays.*DataLoader\(drop_last=True\)"):
+        fit(model, [(x, y)], drop_last=True, verbose=0)
+
+
+@pytest.mark.parametrize(
+    "spelt, name", [("fp32", "float32"), ("bf16", "bfloat16"), ("fp16", "float16"), ("half", "float16")]
+)
+def test_precision_takes_the_clis_spellings(spelt, name):
+    from xdevice.training.precision import precision_name
+
+    assert precision_name(spelt) == name
+    x, y = data()
+    runs = [fit(models.build("mlp", seed=1, **SMALL_MLP), (x, y), precision=p, verbose=0) for p in ("fp32", "float32")]
+    assert runs[0].steps == runs[1].steps
+
+
+@pytest.mark.parametrize(
+    "given, match",
+    [
+        (
+            {"data": np.ones((4, 6)), "target": np.zeros(4)},
+            r"a dict of 2 entries.*Fix: pass \(data\['data'\], data\['target'\]\)",
+        ),
+        ("digits.csv", r"Unsupported data for training\. Expected \(x, y\) arrays, or an iterable.*Received: 'str'"),
+        (["ab", "cd"], r"Each batch must be a pair \(inputs, targets\), and the list given as data yielded a str"),
+        ((np.ones((4, 6)), np.zeros(4), np.zeros(4)), r"a tuple of 3 arrays"),
+    ],
+)
+def test_data_in_a_form_fit_does_not_take_is_named_by_its_type(given, match):
+    with pytest.raises(ConfigurationError, match=match):
+        fit(models.build("mlp", seed=1, **SMALL_MLP), given, verbose=0)
+
+
+def test_an_optimizer_object_with_options_beside_it_is_refused():
+    from xdevice.training import Adam
+
+    with pytest.raises(
+        ConfigurationError, match=r"An optimizer object carries its own settings.*Fix: Adam\(\.\.\., lr="
+    ):
+        fit(models.build("mlp", seed=1, **SMALL_MLP), data(), optimizer=Adam(), lr=0.1, verbose=0)
 
 
 def test_one_shot_data_for_several_epochs_is_an_error():
@@ -207,7 +283,7 @@ def test_history_plots_the_loss_curves_as_png(tmp_path):
         (
             np.ones((10, 5), np.float32),
             r"x does not have the shape of the model's input\. Expected float32\[rows, 784\]\. "
-            r"Received: 'float32\[10, 5\]'\. Fix: reshape x to \(rows, 784\)",
+            r"Received: 'float32\[10, 5\]'\. Fix: models\.build\(.mlp., inputs=5",
         ),
         (
             np.ones((10, 784), np.float64),

@@ -6,14 +6,23 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from xdevice.models._fit import check_input
+
 __all__ = ["Functional", "native_forward"]
 
 
-def native_forward(apply: Callable[..., Any], ops: Any) -> Callable[..., tuple[Any, dict[str, Any]]]:
+def native_forward(
+    apply: Callable[..., Any], ops: Any, inputs: Callable[[Any, str], None] | None = None
+) -> Callable[..., tuple[Any, dict[str, Any]]]:
     """``forward(weights, x, training) -> (output, updated buffers)`` ({} in inference): the
-    zoo model ``apply`` over ``ops``, as ``Backend.to_native`` receives it."""
+    zoo model ``apply`` over ``ops``, as ``Backend.to_native`` receives it. ``inputs(x,
+    weights' dtype)`` checks ``x`` first, so a torch module or a ``tf.Module`` from
+    ``to_native`` refuses what a ``Model`` refuses, in the same words."""
 
     def forward(weights: dict[str, Any], x: Any, training: bool) -> tuple[Any, dict[str, Any]]:
+        if inputs is not None and weights:
+            inputs(x, ops.dtype(next(iter(weights.values()))))
+        x = ops.asarray(x)  # numpy too, as a Model call takes it
         if not training:
             return apply(ops, weights, x, train=False), {}
         return apply(ops, weights, x, train=True)
@@ -42,6 +51,9 @@ class Functional:
         return Functional(self.backend, self.model_name, self.spec, self._apply, ops)
 
     def __call__(self, params: dict[str, Any], x: Any, train: bool = False) -> Any:
+        if params:  # checked as a Model call checks it (under jax.jit, once per trace)
+            weights = self._ops.dtype(next(iter(params.values())))
+            check_input(x, self.model_name, self.spec, self.backend, self._ops, weights)
         return self._apply(self._ops, params, self._ops.asarray(x), train=train)
 
     def __repr__(self) -> str:

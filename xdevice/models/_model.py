@@ -17,8 +17,9 @@ from xdevice import _registry
 from xdevice._device import Device
 from xdevice._discovery import find
 from xdevice._errors import ConfigurationError, ConversionError, message
+from xdevice.models._fit import build_call, check_input, input_dtype, literal, lossless, takes_tokens
 
-__all__ = ["NAMES", "Model", "build", "load", "definition"]
+__all__ = ["NAMES", "Model", "build", "describe", "load", "definition"]
 
 #: The reference models, in the order they are shown.
 NAMES = ("mlp", "cnn", "resnet", "lstm", "transformer")
@@ -66,10 +67,58 @@ class Model:
     def __call__(self, x: Any, train: bool = False) -> Any:
         """The model's output for ``x`` (numpy or the backend's array); with ``train=True``,
         ``(output, updated buffers)`` (batch statistics are used and the buffers are not
-        changed in place: assign them if you want them kept)."""
-        backend = _registry.backend(self.backend)
-        x = backend.to_device(self.ops.asarray(x), self.device)
-        return self.apply(self.ops, self.params, x, train=train)
+        changed in place: assign them if you want them kept).
+
+        ``x`` is checked first, the same way on every backend (:meth:`check_input`): rows
+        of another shape or float64 data for a float32 model are refused with the fix, instead
+        of one framework's raw error and another's silent cast. A cast that loses nothing is
+        made (float16 or float32 data for a float64 model; float32 data for a half-precision
+        one), and a Python list takes the weights' dtype.
+        """
+        backend, weights = _registry.backend(self.backend), self._float_dtype()
+        tokens = takes_tokens(self.name)
+        if not hasattr(x, "shape"):  # a list: Python floats carry no precision of their own
+            import numpy as np
+
+            x = np.asarray(x)
+            if x.dtype.kind == "f" and not tokens:
+                x = x.astype("float64" if weights == "float64" else "float32")
+        if not tokens and lossless(input_dtype(x, self.ops), weights):
+            x = self.ops.cast(self.ops.asarray(x), weights)
+        self.check_input(x)
+        return self.apply(self.ops, self.params, backend.to_device(self.ops.asarray(x), self.device), train=train)
+
+    def check_input(self, x: Any) -> None:
+        """Check that this model takes ``x`` (numpy or a backend's array): its rows' shape and
+        its dtype, before any framework sees it (see ``xdevice.models._fit.check_input``).
+
+        Raises:
+            ConfigurationError: rows of another shape (the fix names the build call that fits
+                them: ``models.build("mlp", inputs=64)``), float64 for a float32 model, floats
+                for token ids or integers for a float model (the fix: ``x.astype(...)``).
+
+        >>> build("mlp").check_input(build("mlp", inputs=64).example_input(2))  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        xdevice._errors.ConfigurationError: x does not have the shape ... Fix: models.build("mlp", inputs=64) takes ...
+        """
+        check_input(x, self.name, self.spec, self.backend, self.ops, self._float_dtype())
+
+    def fitting_build(self, row: tuple[int, ...]) -> str | None:
+        """The ``models.build(...)`` call for a model that takes rows of shape ``row`` (the
+        input's shape without the batch), or None when this one does or nothing simple does.
+
+        >>> build("mlp").fitting_build((64,))
+        'models.build("mlp", inputs=64)'
+        >>> build("cnn").fitting_build((1, 8, 8))
+        'models.build("cnn", image=[1, 8, 8])'
+        """
+        found = definition(self.name).fitting(self.spec, tuple(row))
+        if found is None or not found.spec:
+            return None
+        return build_call(self.name, self.spec, found.spec, self.backend)
+
+    def _float_dtype(self) -> str:
+        return self.ops.dtype(next(iter(self.params.values()))) if self.params else "float32"
 
     def example_input(self, batch: int = 8, seed: int = 0):
         """A numpy batch of the input this model takes (synthetic, from ``seed``)."""
@@ -130,10 +179,45 @@ def build(
         raise ConfigurationError(
             message(f"Unknown hyper-parameter for {name!r}", received=unknown[0], choices=sorted(module.DEFAULTS))
         )
-    full = {**module.DEFAULTS, **spec}
+    full = {**module.DEFAULTS, **{k: list(v) if isinstance(v, tuple) else v for k, v in spec.items()}}
+    if hasattr(module, "check"):  # what would build a wrong model silently (image=[8, 8]: 8 channels)
+        module.check(full)
     from xdevice.models._init import initialise
 
     return _place(name, full, initialise(module.parameters(full), seed), backend, device, dtype)
+
+
+def describe(name: str | None = None) -> str:
+    """Zoo model ``name`` (every one without it) for people: what it is, its input and
+    output, and each hyper-parameter with its default and meaning, as ``models.build`` takes
+    them. ``xdevice models`` prints it.
+
+    >>> print(describe("mlp"))  # doctest: +ELLIPSIS
+    mlp: a multilayer perceptron, 784-512-512-10 with ReLU (MNIST-sized).
+      input:  float[rows, inputs]: one feature vector per row (default float32[rows, 784])
+    ...
+        inputs   784         features per row (64 for 8x8 images flattened)
+    ...
+    """
+    if name is None:
+        return "\n\n".join(describe(each) for each in NAMES)
+    module = definition(name)
+    import numpy as np
+
+    summary = " ".join((module.__doc__ or name).split("\n\n")[0].split()).replace("``", "")
+    example = module.example_input(module.DEFAULTS, 1, np.random.default_rng(0))
+    kind = "float32" if example.dtype.kind == "f" else example.dtype.name
+    default = f"{kind}[rows, {', '.join(map(str, example.shape[1:]))}]"
+    values = {key: literal(value) for key, value in module.DEFAULTS.items()}
+    key_width, value_width = max(map(len, values)), max(map(len, values.values()))
+    lines = [
+        f"{summary.rstrip('.')}.",
+        f"  input:  {module.INPUT} (default {default})",
+        f"  output: {module.OUTPUT}",
+        f'  hyper-parameters (models.build("{name}", name=value, ...)):',
+        *(f"    {key:<{key_width}}  {values[key]:<{value_width}}  {module.HYPERPARAMETERS[key]}" for key in values),
+    ]
+    return "\n".join(lines)
 
 
 def load(path: str | os.PathLike, backend: str = "numpy", device: Any = "cpu", dtype: str = "float32") -> Model:

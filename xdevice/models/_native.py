@@ -14,10 +14,12 @@
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 from xdevice import _registry
 from xdevice._errors import ConversionError, message
+from xdevice.models._fit import check_input, takes_tokens
 from xdevice.models._functional import Functional, native_forward
 from xdevice.models._model import Model, _place
 
@@ -35,9 +37,10 @@ def to_native(model: Model, backend: str | None = None) -> Any:
     name = backend or model.backend
     placed = model if name == model.backend else model.to(name)
     target = _registry.backend(name)
-    module = target.to_native(
-        placed.name, placed.spec, native_forward(placed.apply, target.ops), placed.params, placed.trainable
-    )
+    takes_tokens(placed.name)  # resolved here, not first inside a forward that torch.compile traces
+    inputs = functools.partial(_check_input, name=placed.name, spec=placed.spec, backend=name, ops=target.ops)
+    forward = native_forward(placed.apply, target.ops, inputs)
+    module = target.to_native(placed.name, placed.spec, forward, placed.params, placed.trainable)
     if module is not None:
         return module
     return Functional(name, placed.name, placed.spec, placed.apply, target.ops), dict(placed.params)
@@ -74,3 +77,7 @@ def from_native(native: Any) -> Model:
         )
     name, spec, arrays, device = made
     return _place(name, spec, arrays, found[0].name, device, None)
+
+
+def _check_input(x: Any, weights: str, *, name: str, spec: dict, backend: str, ops: Any) -> None:
+    check_input(x, name, spec, backend, ops, weights)

@@ -4,9 +4,19 @@ from __future__ import annotations
 
 import numpy as np
 
+from xdevice.models._fit import Fitting
 from xdevice.models._init import Param, dense
 
 DEFAULTS = {"vocab": 1000, "embedding": 64, "hidden": 128, "length": 32, "classes": 10}
+HYPERPARAMETERS = {
+    "vocab": "token ids run 0 <= id < vocab (the embedding's rows)",
+    "embedding": "width of each token's embedding",
+    "hidden": "the LSTM's hidden (and cell) state width",
+    "length": "tokens per row of example_input (any length runs)",
+    "classes": "outputs: one logit per class",
+}
+INPUT = "int[rows, tokens]: token ids, any number of tokens"
+OUTPUT = "float[rows, classes]: logits from the last hidden state (no softmax)"
 
 
 def parameters(spec: dict) -> dict[str, Param]:
@@ -28,6 +38,11 @@ def apply(ops, params, x, spec, train=False):
     _, h, _ = ops.lstm(embedded, zeros, zeros, params["lstm.w_ih"], params["lstm.w_hh"], params["lstm.b"])
     y = ops.linear(h, params["out.weight"], params["out.bias"])
     return (y, {}) if train else y
+
+
+def fitting(spec: dict, row: tuple[int, ...]) -> Fitting | None:
+    """Rows of token ids of any length."""
+    return None if len(row) == 1 else Fitting()
 
 
 def example_input(spec: dict, batch: int, rng: np.random.Generator) -> np.ndarray:

@@ -9,9 +9,23 @@ from __future__ import annotations
 
 import numpy as np
 
+from xdevice.models._fit import Fitting, check_image, image_fitting
 from xdevice.models._init import Param, conv, dense, norm
 
 DEFAULTS = {"widths": [16, 32, 64], "image": [3, 32, 32], "classes": 10, "momentum": 0.1, "eps": 1e-5}
+HYPERPARAMETERS = {
+    "widths": "channels of each stage (one basic block each; every stage after the first halves the image)",
+    "image": "[channels, height, width] of the example input; only channels sizes weights (any height, width run)",
+    "classes": "outputs: one logit per class",
+    "momentum": "batch norm's running-statistics momentum (PyTorch's rule)",
+    "eps": "batch norm's epsilon",
+}
+INPUT = "float[rows, image[0], height, width]: images, channels first (NCHW), any height and width"
+OUTPUT = "float[rows, classes]: logits (no softmax)"
+
+
+def check(spec: dict) -> None:
+    check_image("resnet", spec)
 
 
 def parameters(spec: dict) -> dict[str, Param]:
@@ -57,6 +71,13 @@ def apply(ops, params, x, spec, train=False):
         x = ops.relu(ops.add(h, x))
     logits = ops.linear(ops.mean(x, axis=(2, 3)), params["out.weight"], params["out.bias"])
     return (logits, updates) if train else logits
+
+
+def fitting(spec: dict, row: tuple[int, ...]) -> Fitting | None:
+    """Global average pooling takes any height and width: only the channels must agree."""
+    if len(row) == 3 and row[0] == spec["image"][0]:
+        return None
+    return image_fitting(spec, row)
 
 
 def example_input(spec: dict, batch: int, rng: np.random.Generator) -> np.ndarray:

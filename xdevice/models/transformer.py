@@ -7,9 +7,35 @@ from __future__ import annotations
 
 import numpy as np
 
+from xdevice._errors import ConfigurationError, message
+from xdevice.models._fit import Fitting
 from xdevice.models._init import Param, dense, norm
 
 DEFAULTS = {"vocab": 1000, "length": 32, "width": 64, "heads": 4, "mlp": 128, "blocks": 2, "classes": 10, "eps": 1e-5}
+HYPERPARAMETERS = {
+    "vocab": "token ids run 0 <= id < vocab; 0 is padding",
+    "length": "the most tokens per row (the position embedding's rows)",
+    "width": "the model width (embeddings, attention, residual stream)",
+    "heads": "attention heads; they split the width, which they must divide",
+    "mlp": "hidden width of each block's GELU MLP",
+    "blocks": "pre-norm encoder blocks",
+    "classes": "outputs: one logit per class",
+    "eps": "layer norm's epsilon",
+}
+INPUT = "int[rows, tokens]: token ids, at most length tokens, 0 for padding"
+OUTPUT = "float[rows, classes]: logits from the masked mean over the tokens (no softmax)"
+
+
+def check(spec: dict) -> None:
+    if spec["width"] % spec["heads"]:
+        raise ConfigurationError(
+            message(
+                "The attention heads must split the transformer's width evenly",
+                expected=f"a width that heads={spec['heads']} divides",
+                received=f"width={spec['width']}, heads={spec['heads']}",
+                fix=f"width={spec['width'] - spec['width'] % spec['heads'] or spec['heads']}, or another heads",
+            )
+        )
 
 
 def parameters(spec: dict) -> dict[str, Param]:
@@ -55,6 +81,13 @@ def apply(ops, params, x, spec, train=False):
     pooled = ops.divide(ops.sum(ops.multiply(h, weights), axis=1), ops.sum(weights, axis=1))
     y = ops.linear(pooled, params["out.weight"], params["out.bias"])
     return (y, {}) if train else y
+
+
+def fitting(spec: dict, row: tuple[int, ...]) -> Fitting | None:
+    """Rows of at most ``length`` token ids (the position embedding has that many rows)."""
+    if len(row) != 1:
+        return Fitting()
+    return None if row[0] <= spec["length"] else Fitting(None, {"length": row[0]})
 
 
 def example_input(spec: dict, batch: int, rng: np.random.Generator) -> np.ndarray:

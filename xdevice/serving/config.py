@@ -18,6 +18,10 @@ Decisions, where Triton leaves a choice:
   ``default_timeout_microseconds`` is rejected (``REJECT``) or runs anyway (``DELAY``); a
   request may shorten its own timeout (``timeout`` parameter) when ``allow_timeout_override``;
   beyond ``max_queue_size`` waiting requests a new one is refused.
+- ``parameters``: one key, ``vocab_size`` (``parameters { key: "vocab_size" value {
+  string_value: "100" } }``): the token ids a request may send are ``0 <= id < vocab_size``,
+  overriding the vocabulary read from the graph (see ``serving/vocabulary.py``). Triton's
+  ``ModelInput`` has no parameters, so the key is the model's; any other key is refused.
 """
 
 from __future__ import annotations
@@ -58,7 +62,6 @@ _REFUSED = {
     "runtime": "a custom runtime",
     "cc_model_filenames": "per-GPU model files",
     "metric_tags": "custom metric labels",
-    "parameters": "backend parameters",
     "optimization": "ONNX Runtime tuning (it runs with its defaults)",
     "model_operations": "model operations",
     "model_transaction_policy": "decoupled models",
@@ -110,6 +113,7 @@ class ModelConfig:
     outputs: tuple[TensorConfig, ...] = ()
     warmup: tuple[Warmup, ...] = ()
     source: str = ""  # the file it was read from ("" for Triton's defaults)
+    vocab_size: int | None = None  # parameters { key: "vocab_size" }: token ids are 0 <= id < vocab_size
 
     def selects(self, versions: list[int]) -> list[int]:
         """The versions (of those on disk, oldest first) this policy serves."""
@@ -190,7 +194,28 @@ def _read(proto: Any, model_dir: Path, source: str, text: str) -> ModelConfig:
     config.inputs = tuple(_tensor(t, "input", refuse) for t in proto.input)
     config.outputs = tuple(_tensor(t, "output", refuse) for t in proto.output)
     config.warmup = tuple(_warmup(w, model_dir, refuse) for w in proto.model_warmup)
+    config.vocab_size = _parameters(proto.parameters, refuse)
     return config
+
+
+def _parameters(parameters: Any, refuse) -> int | None:
+    """The one parameter xdevice reads, ``vocab_size``; any other is refused by name."""
+    for key in parameters:
+        if key != "vocab_size":
+            raise refuse(
+                "parameters",
+                f"parameter {key!r} is not supported by xdevice serve",
+                received=key,
+                choices=["vocab_size"],
+            )
+    if "vocab_size" not in parameters:
+        return None
+    value = parameters["vocab_size"].string_value
+    if not value.isdigit() or int(value) < 1:
+        raise refuse(
+            "vocab_size", "vocab_size is the number of token ids", expected="a whole number >= 1", received=value
+        )
+    return int(value)
 
 
 def _batching(config: ModelConfig, batching: Any, refuse) -> None:

@@ -4,7 +4,9 @@ the repository index, and running one request (checks, batching, statistics).
 A model is loaded as every version its ``version_policy`` selects, each an ONNX Runtime
 session checked against the inputs and outputs its configuration declares and warmed up
 with the configuration's ``model_warmup`` samples before it counts as ready. A model that
-fails to load keeps its reason, which the repository index shows and the log says.
+fails to load keeps its reason, on one line, which the repository index shows and the log
+says. Token ids are checked against the model's vocabulary (``vocabulary.py``) before ONNX
+Runtime runs. A server with no model loaded is not ready, strict or not: it serves nothing.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import asyncio
 import concurrent.futures
 import dataclasses
 import logging
+import re
 import threading
 import time
 from typing import Any
@@ -26,6 +29,7 @@ from xdevice.serving.metrics import Registry, Stats
 from xdevice.serving.protocol import BadRequest, InferRequest
 from xdevice.serving.repository import V2_DATATYPES, ModelNotFound, Repository
 from xdevice.serving.session import Session
+from xdevice.serving.vocabulary import Vocabulary, check_tokens, vocabularies
 
 __all__ = ["Loaded", "Models", "load_model", "model_info", "retire", "server_info", "statistics"]
 
@@ -43,6 +47,7 @@ class Loaded:
     stats: Stats
     batcher: Batcher | None
     instances: concurrent.futures.ThreadPoolExecutor  # one thread per instance: one run at a time each
+    vocabulary: dict[str, Vocabulary] = dataclasses.field(default_factory=dict)  # token-id inputs
 
 
 class Models:
@@ -57,8 +62,11 @@ class Models:
 
     # -- loading ----------------------------------------------------------------------------
 
-    def load(self, name: str) -> list[Loaded]:
+    def load(self, name: str, *, log_failure: bool = True) -> list[Loaded]:
         """Load every version of ``name`` its policy selects (replacing what was loaded).
+
+        Args:
+            log_failure: log a failure (False where the caller reports it itself).
 
         Raises:
             XDeviceError: the model cannot be served; the reason is also kept for the index.
@@ -67,28 +75,25 @@ class Models:
             config = self.repository.config(name)
             versions = self.repository.served(name)
             if not versions:
-                raise ModelNotFound(
-                    message(
-                        f"Model {name!r} has no version to serve",
-                        expected="a folder <model>/<number>/model.onnx allowed by version_policy",
-                        received=f"versions on disk: {self.repository.versions(name)}",
-                    )
-                )
+                raise ModelNotFound(self.repository.unserved(name))
             ready = [self._version(name, str(v), config) for v in versions]
         except XDeviceError as error:
             with self.lock:
-                self.failed[name] = str(error)
-            logger.error("model %r failed to load: %s", name, error)
+                self.failed[name] = one_line(str(error))
+            if log_failure:
+                logger.error("model %r failed to load: %s", name, self.failed[name])
             raise
         with self.lock:
             self.loaded[name] = {m.version: m for m in ready}
             self.failed.pop(name, None)
+        checked = "".join(f"; token ids of {k!r}: 0 <= id < {v.size}" for k, v in ready[-1].vocabulary.items())
         logger.info(
-            "model %r ready: version%s %s on %s",
+            "model %r ready: version%s %s on %s%s",
             name,
             "s" * (len(ready) > 1),
             ", ".join(m.version for m in ready),
             config.device,
+            checked,
         )
         return ready
 
@@ -96,6 +101,7 @@ class Models:
         path = self.repository.path(name, version)
         session = Session(path, device=config.device, name=name, warmup=not config.warmup, **self.session_options)
         _declared(name, config, session)
+        vocabulary = vocabularies(path, config)
         for sample in config.warmup:
             _warm(name, config, session, sample)
         stats = self.registry.of(name, version)
@@ -116,7 +122,7 @@ class Models:
                 reject_late=config.timeout_action == "REJECT",
                 max_queue_size=config.max_queue_size,
             )
-        return Loaded(name, version, session, config, stats, batcher, instances)
+        return Loaded(name, version, session, config, stats, batcher, instances, vocabulary)
 
     def unload(self, name: str) -> list[Loaded]:
         self.repository.config(name)  # an unknown name fails here, with the valid ones
@@ -154,12 +160,46 @@ class Models:
 
     def ready(self, strict: bool) -> bool:
         """Strict: every model of the repository is loaded and ready (Triton's
-        ``--strict-readiness``); otherwise: the server is up."""
+        ``--strict-readiness``); otherwise: at least one model is loaded."""
+        return not self.unready(strict)
+
+    def unready(self, strict: bool) -> str:
+        """Why the server is not ready, in one line ("" when it is)."""
+        if not self.loaded:
+            return self.nothing_served()
         if not strict:
-            return True
-        if self.failed or set(self.repository.models()) - set(self.loaded):
-            return False
-        return all(m.session.ready for versions in self.loaded.values() for m in versions.values())
+            return ""
+        failed = sorted(self.failed)
+        missing = sorted(set(self.repository.models()) - set(self.loaded) - set(failed))
+        cold = sorted(m.name for versions in self.loaded.values() for m in versions.values() if not m.session.ready)
+        parts = [
+            f"{what}: {', '.join(names)}"
+            for what, names in (("failed to load", failed), ("not loaded", missing), ("warming up", cold))
+            if names
+        ]
+        if not parts:
+            return ""
+        return message(
+            f"Not ready: not every model of the repository is ({'; '.join(parts)})",
+            fix="POST /v2/repository/index gives each reason; --no-strict-readiness: ready once one model is",
+        )
+
+    def nothing_served(self) -> str:
+        """Why no model is loaded, in one line, with the fix."""
+        root, names = self.repository.root, self.repository.models()
+        if names:
+            return message(
+                f"Not ready: none of the repository's models is loaded ({', '.join(names)})",
+                fix="POST /v2/repository/index gives each reason",
+            )
+        strays = self.repository.strays()
+        if strays:
+            return f"Not ready: the repository {root} holds no model: {strays[0]}"
+        return message(
+            f"Not ready: the repository {root} holds no model",
+            expected=f"{root}/<model>/<version>/model.onnx",
+            fix=f"put a model at {root}/<model>/1/model.onnx, then POST /v2/repository/models/<model>/load",
+        )
 
     def index(self) -> list[dict]:
         """One entry per model and version folder (and per model with none), with its state
@@ -242,6 +282,7 @@ def _check_request(loaded: Loaded, request: InferRequest) -> dict[str, np.ndarra
         inputs = loaded.session.check_inputs(request.inputs)
     except XDeviceError as error:
         raise BadRequest(str(error)) from None
+    check_tokens(loaded.name, loaded.vocabulary, inputs)
     outputs = [s.name for s in loaded.session.outputs]
     for name, _ in request.outputs or []:
         if name not in outputs:
@@ -300,6 +341,11 @@ def _declared(name: str, config: ModelConfig, session: Session) -> None:
                         fix="the batch axis is left out of dims when max_batch_size > 0" if batched else None,
                     )
                 )
+
+
+def one_line(text: str) -> str:
+    """``text`` on one line: each line break and the indentation after it become one space."""
+    return re.sub(r"\s*\n\s*", " ", text.strip())
 
 
 def _dims(shape: tuple) -> list[int]:

@@ -54,25 +54,40 @@ class ModelNotFound(InferenceError, LookupError):
 class Repository:
     """A Triton-layout folder of ONNX models; reads the disk on every call, loads nothing.
 
+    ``root`` may also be one ``.onnx`` file: it is served as a one-model repository, the
+    model named after the file's stem, as version 1, with Triton's default configuration.
+    A folder that is one model's folder (numbered version folders holding ``.onnx`` files,
+    or a ``config.pbtxt``) is refused with the folder to serve instead; a layout that holds
+    no servable version is explained by :meth:`unserved`, and ``.onnx`` files lying at the
+    root by :meth:`strays`, each naming what was found and the fix.
+
     >>> repo = Repository("models")  # doctest: +SKIP
     >>> repo.path("resnet")  # doctest: +SKIP
     PosixPath('models/resnet/2/model.onnx')
     """
 
     def __init__(self, root: Path | str) -> None:
-        self.root = Path(root)
-        if not self.root.is_dir():
+        path = Path(root)
+        self.file: Path | None = None  # the one model file, when root is a file
+        if path.is_file() and path.suffix == ".onnx":
+            self.file, self.root = path, path.parent
+            return
+        self.root = path
+        if not path.is_dir():
             raise ConfigurationError(
                 message(
                     "Model repository not found",
-                    expected="a folder",
-                    received=str(self.root),
-                    fix="create <root>/<model>/1/model.onnx",
+                    expected="a folder <repo>/<model>/<version>/model.onnx, or one .onnx file",
+                    received=str(path),
+                    fix="export the model to ONNX first" if path.is_file() else "create <repo>/<model>/1/model.onnx",
                 )
             )
+        _refuse_a_model_folder(path)
 
     def models(self) -> list[str]:
         """Every model folder, sorted, whether or not it holds a usable version."""
+        if self.file is not None:
+            return [self.file.stem]
         return sorted(p.name for p in self.root.iterdir() if p.is_dir() and not p.name.startswith("."))
 
     def _folder(self, name: str) -> Path:
@@ -84,6 +99,8 @@ class Repository:
     def versions(self, name: str) -> list[int]:
         """The numeric version folders of ``name`` that hold ``model.onnx``, oldest first."""
         folder = self._folder(name)
+        if self.file is not None:
+            return [1]
         return sorted(int(p.name) for p in folder.iterdir() if p.name.isdigit() and (p / "model.onnx").is_file())
 
     def served(self, name: str) -> list[int]:
@@ -94,13 +111,7 @@ class Repository:
         """The newest version that the model's version policy serves."""
         served = self.served(name)
         if not served:
-            raise ModelNotFound(
-                message(
-                    f"Model {name!r} has no version to serve",
-                    expected="a folder <model>/<number>/model.onnx allowed by version_policy",
-                    received=self.versions(name),
-                )
-            )
+            raise ModelNotFound(self.unserved(name))
         return served[-1]
 
     def path(self, name: str, version: int | str | None = None) -> Path:
@@ -112,11 +123,99 @@ class Repository:
             raise ModelNotFound(
                 message(f"Unknown version of model {name!r}", received=str(version), choices=[str(v) for v in served])
             )
+        if self.file is not None:
+            return self.file
         return self.root / name / str(int(version)) / "model.onnx"
 
     def config(self, name: str) -> ModelConfig:
-        """The model's :class:`ModelConfig`, read from its folder."""
-        return read_config(self._folder(name))
+        """The model's :class:`ModelConfig`, read from its folder (Triton's defaults for a file)."""
+        folder = self._folder(name)
+        return ModelConfig(name=name) if self.file is not None else read_config(folder)
+
+    def unserved(self, name: str) -> str:
+        """Why ``name`` has no version to serve, in one line: what was found and the fix
+        ("" when it has one).
+
+        >>> Repository("models").unserved("digits")  # doctest: +SKIP
+        "Model 'digits' has no version to serve: found models/digits/1/digits.onnx, but ..."
+        """
+        folder = self._folder(name)
+        on_disk = self.versions(name)  # without any, the configuration is not read: it may not parse
+        if on_disk and self.served(name):
+            return ""
+        head = f"Model {name!r} has no version to serve"
+        layout = f"{folder}/<version>/model.onnx (Triton's layout; the version a whole number)"
+        if on_disk:  # only a specific version_policy selects none of them
+            config = self.config(name)
+            wanted = [str(v) for v in config.version_policy[1]]
+            return message(
+                f"{head}: version_policy in {config.source} selects none of the versions on disk",
+                expected=f"version {', '.join(wanted)}",
+                received=on_disk,
+                fix=f"add {folder}/{wanted[-1]}/model.onnx, or change version_policy",
+            )
+        numbered = sorted((p for p in folder.iterdir() if p.is_dir() and p.name.isdigit()), key=lambda p: int(p.name))
+        misnamed = [f for p in numbered for f in sorted(p.glob("*.onnx"))]
+        loose = sorted(p for p in folder.glob("*.onnx") if p.is_file())
+        elsewhere = sorted(f for f in folder.glob("*/*.onnx") if not f.parent.name.isdigit())
+        if misnamed:
+            return message(
+                f"{head}: found {_first(misnamed)}, but a version's file must be named model.onnx",
+                fix=f"rename it to {misnamed[0].parent / 'model.onnx'}",
+            )
+        if loose:
+            return message(
+                f"{head}: found {_first(loose)} outside a version folder",
+                expected=layout,
+                fix=f"move it to {folder / '1' / 'model.onnx'}",
+            )
+        if elsewhere:
+            where = elsewhere[0].parent
+            return message(
+                f"{head}: found {_first(elsewhere)}, but version folders are whole numbers",
+                expected=layout,
+                fix=f"rename {where} to {folder / '1'}"
+                if elsewhere[0].name == "model.onnx"
+                else f"move it to {folder / '1' / 'model.onnx'}",
+            )
+        if numbered:
+            return message(
+                f"{head}: found {_first(numbered)} with no model.onnx in it",
+                fix=f"put the model at {numbered[-1] / 'model.onnx'}",
+            )
+        return message(
+            f"{head}: {folder} holds no version folder",
+            expected=layout,
+            fix=f"export the model to {folder / '1' / 'model.onnx'}",
+        )
+
+    def strays(self) -> list[str]:
+        """One line per ``.onnx`` file lying at the root, outside any model folder, with the fix."""
+        if self.file is not None:
+            return []
+        lines = []
+        full = self.root.resolve()
+        for file in sorted(p for p in self.root.glob("*.onnx") if p.is_file()):
+            if full.name.isdigit() and file.name == "model.onnx":  # pointed at a version folder
+                lines.append(
+                    message(
+                        f"found {file}: {self.root} is version {full.name} of model {full.parent.name!r}, "
+                        "not a repository of models",
+                        fix=f"serve the repository that holds it: xdevice serve {_up(self.root, 2)}, "
+                        f"or the file itself: xdevice serve {file}",
+                    )
+                )
+                continue
+            name = "<name>" if file.stem == "model" else file.stem
+            lines.append(
+                message(
+                    f"found {file} outside a model folder",
+                    expected=f"{self.root}/<model>/<version>/model.onnx",
+                    fix=f"move it to {self.root / name / '1' / 'model.onnx'}, "
+                    f"or serve the file itself: xdevice serve {file}",
+                )
+            )
+        return lines
 
     def index(self) -> list[dict]:
         """One entry per model and numeric version folder, as POST /v2/repository/index lists them.
@@ -124,6 +223,8 @@ class Repository:
         ``state`` is "UNAVAILABLE" here; the server fills in what it loaded. A model with no
         usable version gets one entry with ``version`` "" and the reason.
         """
+        if self.file is not None:
+            return [{"name": self.file.stem, "version": "1", "state": "UNAVAILABLE", "reason": ""}]
         entries = []
         for name in self.models():
             folders = sorted(
@@ -133,10 +234,38 @@ class Repository:
                 reason = "" if (p / "model.onnx").is_file() else f"no model.onnx in {p}"
                 entries.append({"name": name, "version": p.name, "state": "UNAVAILABLE", "reason": reason})
             if not folders:
-                entries.append(
-                    {"name": name, "version": "", "state": "UNAVAILABLE", "reason": "no numeric version folder"}
-                )
+                entries.append({"name": name, "version": "", "state": "UNAVAILABLE", "reason": self.unserved(name)})
         return entries
+
+
+def _first(paths: list[Path]) -> str:
+    return str(paths[0]) + (f" (and {len(paths) - 1} more)" if len(paths) > 1 else "")
+
+
+def _up(path: Path, levels: int) -> Path:
+    """The folder ``levels`` above ``path``, spelled relative as the user gave it where it can be."""
+    parts = path.parts
+    if len(parts) >= levels and all(part not in ("", ".", "..") for part in parts[-levels:]):
+        return path.parents[levels - 1]
+    return path.resolve().parents[levels - 1]
+
+
+def _refuse_a_model_folder(root: Path) -> None:
+    """Raise when ``root`` is one model's folder (``xdevice serve repo/mlp`` for ``repo``):
+    numbered folders holding ``.onnx`` files, or a model configuration, at the top."""
+    found = sorted(f for p in root.iterdir() if p.is_dir() and p.name.isdigit() for f in p.glob("*.onnx"))
+    found += [p for p in (root / "config.pbtxt", root / "config.json") if p.is_file()]
+    if not found:
+        return
+    full = root.resolve()
+    above = _up(root, 1)
+    raise ConfigurationError(
+        message(
+            f"{root} is one model's folder, not a repository of models: found {_first(found)}",
+            expected=f"a folder holding model folders, {root}/<model>/<version>/model.onnx",
+            fix=f"serve the folder above it: xdevice serve {above} (it serves {full.name!r} as one of its models)",
+        )
+    )
 
 
 # --------------------------------------------------------------------------- config JSON
@@ -196,7 +325,7 @@ def triton_config(config: ModelConfig, inputs: Any, outputs: Any, platform: str 
             }
         ],
         "default_model_filename": "model.onnx",
-        "parameters": {},
+        "parameters": {} if config.vocab_size is None else {"vocab_size": {"string_value": str(config.vocab_size)}},
     }
     if config.dynamic_batching:
         out["dynamic_batching"] = {

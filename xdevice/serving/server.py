@@ -7,12 +7,18 @@ Runtime runs in a thread pool, off the event loop. Every bad request gets a 4xx 
 ``{"error": "..."}`` (or its gRPC status) and the server keeps serving; stopping it lets the
 requests in flight finish.
 
-It fails loud, as Triton does: a model that fails to load is logged with its reason and, by
-default (``exit_on_error``), stops start-up; otherwise the repository index carries every
-reason, and with ``strict_readiness`` (the default) ``/v2/health/ready`` answers 200 only
-when every model of the repository is ready. A client that opens a connection and does not
-finish its request headers within ``header_timeout`` seconds is disconnected (a slow-loris
-client would otherwise hold a connection open indefinitely).
+It fails loud, as Triton does: a model that fails to load, or an ``.onnx`` file lying at the
+repository's root outside a model folder, is named with its reason and, by default
+(``exit_on_error``), stops start-up with one line for each; otherwise each is logged on one
+line, the repository index carries every model's reason, and with ``strict_readiness`` (the
+default) ``/v2/health/ready`` answers 200 only when every model of the repository is ready.
+A server with no model loaded (an empty repository) is never ready: it says so in the log at
+start-up and in the ready body, ``{"ready": false, "error": "..."}``. ``repository`` may be
+one ``.onnx`` file, served as a one-model repository named after its stem.
+
+A client that opens a connection and does not finish its request headers within
+``header_timeout`` seconds is disconnected (a slow-loris client would otherwise hold a
+connection open indefinitely).
 """
 
 from __future__ import annotations
@@ -61,12 +67,14 @@ def create_app(
     grpc_port: int | None = None,
     grpc_host: str = "127.0.0.1",
 ):
-    """The Starlette app serving ``repository`` (Triton's layout); loads every model now.
+    """The Starlette app serving ``repository`` (Triton's layout, or one ``.onnx`` file);
+    loads every model now.
 
     Args:
         exit_on_error: raise ``ConfigurationError`` naming every model that failed to load
             (Triton's ``--exit-on-error``); False: serve the others, the index says why.
-        strict_readiness: ready only when every model is (Triton's ``--strict-readiness``).
+        strict_readiness: ready only when every model is (Triton's ``--strict-readiness``);
+            either way, never with no model loaded.
         grpc_port: also serve gRPC (``GRPCInferenceService``) on this port once the app
             starts (0: a free one, read back from ``app.state.grpc_port``); None: HTTP only.
     """
@@ -81,15 +89,14 @@ def create_app(
     loader = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="xdevice-load")
     for name in repo.models():
         with contextlib.suppress(XDeviceError):  # kept in models.failed, logged, and shown in the index
-            models.load(name)
-    if exit_on_error and models.failed:
-        reasons = "".join(f"\n  {name}: {reason}" for name, reason in sorted(models.failed.items()))
-        raise ConfigurationError(
-            message(
-                f"{len(models.failed)} model(s) failed to load:{reasons}\n",
-                fix="fix them, or pass --no-exit-on-error to serve the others",
-            )
-        )
+            models.load(name, log_failure=not exit_on_error)  # exiting, the error below names it
+    strays = repo.strays()
+    if exit_on_error and (models.failed or strays):
+        raise ConfigurationError(_failures(models.failed, strays))
+    for stray in strays:
+        logger.error("%s", stray)
+    if not models.loaded:
+        logger.warning("%s", models.nothing_served())
 
     def reply(value: Any = None, status: int = 200) -> Response:
         body = b"" if value is None else orjson.dumps(value)
@@ -121,7 +128,8 @@ def create_app(
         return reply()
 
     async def ready(request):
-        return reply(None, 200 if models.ready(strict_readiness) else 503)
+        why = models.unready(strict_readiness)
+        return reply({"ready": False, "error": why} if why else {"ready": True}, 503 if why else 200)
 
     async def model_metadata(request, model, version=None):
         return reply(model_info(models, model, version))
@@ -218,6 +226,22 @@ def create_app(
     app.state.models = models
     app.state.grpc_port = None
     return app
+
+
+def _failures(failed: dict[str, str], strays: list[str]) -> str:
+    """The start-up error: one line per model that failed and per stray file, then the fix."""
+    counts = []
+    if failed:
+        counts.append(f"{len(failed)} model{'s' * (len(failed) > 1)} failed to load")
+    if strays:
+        counts.append(f"{len(strays)} .onnx file{'s' * (len(strays) > 1)} outside a model folder")
+    lines = [f"{' and '.join(counts)}:"]
+    lines += [f"  {name}: {reason}" for name, reason in sorted(failed.items())]
+    lines += [f"  {stray}" for stray in strays]
+    lines.append(
+        "Fix: correct each as its line says, or pass --no-exit-on-error (exit_on_error=False) to serve the others."
+    )
+    return "\n".join(lines)
 
 
 async def _read_body(request, limit: int) -> bytes:

@@ -31,6 +31,7 @@ from typing import Any
 from xdevice import _configure, _registry
 from xdevice._device import Device
 from xdevice._device import device as parse_device
+from xdevice._discovery import devices
 from xdevice._errors import ConfigurationError, DeviceNotFound, InferenceError, message
 from xdevice._tensors import backend_of, to_host
 
@@ -55,6 +56,7 @@ _GPU_FIX = (
     "install the GPU build (pip uninstall onnxruntime && pip install onnxruntime-gpu), "
     "and run `xdevice doctor` to check the CUDA and cuDNN libraries"
 )
+_NO_GPU_FIX = "no GPU here; use cpu:0"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -111,6 +113,7 @@ class Session:
                 message("ONNX Runtime serves on a CPU or a GPU", received=str(self.device), choices=["cpu", "gpu:0"])
             )
         options = _session_options(ort, threads, optimization)
+        _quiet_ort(ort, options)
         proto = load_model(model, check=True)
         self.model_path = Path(os.fspath(model)) if isinstance(model, (str, os.PathLike)) else None
         self.name = name or (self.model_path.stem if self.model_path else (proto.graph.name or "model"))
@@ -135,7 +138,12 @@ class Session:
         nodes = _assigned_nodes(self._session)
         self.assignment: dict[str, int] = dict(collections.Counter(ep for ep, _ in nodes or ()))
         _check_providers(
-            self.device, [p if isinstance(p, str) else p[0] for p in requested], self.providers, nodes, strict
+            self.device,
+            [p if isinstance(p, str) else p[0] for p in requested],
+            self.providers,
+            nodes,
+            strict,
+            gpus=len(devices(kind="gpu")) if self.device.kind == "gpu" else None,
         )
         self.inputs = [_spec(a) for a in self._session.get_inputs()]
         self.outputs = [_spec(a) for a in self._session.get_outputs()]
@@ -273,17 +281,35 @@ def _memory_limit(device: Device) -> int | None:
 
 
 def _check_providers(
-    device: Device, requested: list[str], registered: list[str], nodes: list[tuple[str, str]] | None, strict: bool
+    device: Device,
+    requested: list[str],
+    registered: list[str],
+    nodes: list[tuple[str, str]] | None,
+    strict: bool,
+    *,
+    gpus: int | None = None,
 ) -> None:
     """Raise when the session is not on the device asked for. Pure: tested with made-up inputs.
 
     Args:
         requested / registered: provider names asked for, and those the session reports.
         nodes: ``(provider, op_type)`` per node, or None when ORT cannot say.
+        gpus: the GPUs this machine shows (``xdevice.devices(kind="gpu")``), None when not
+            known: the fix for a CUDA provider that did not register fits the machine (with
+            no GPU, installing onnxruntime-gpu changes nothing).
     """
     if device.kind != "gpu":
         return
     if "CUDAExecutionProvider" not in registered:
+        if gpus == 0:
+            raise DeviceNotFound(
+                message(
+                    f"ONNX Runtime cannot run on {device}: this machine has no GPU",
+                    received=str(device),
+                    choices=["cpu:0"],
+                    fix=_NO_GPU_FIX + _hidden_gpus(),
+                )
+            )
         raise DeviceNotFound(
             message(
                 f"ONNX Runtime did not register its CUDA provider for {device}; it would run on the CPU",
@@ -325,6 +351,12 @@ def _check_providers(
 # -- helpers --------------------------------------------------------------------------------
 
 
+def _hidden_gpus() -> str:
+    """What to add to "no GPU here" when ``CUDA_VISIBLE_DEVICES`` may be what hides them."""
+    hidden = os.environ.get("CUDA_VISIBLE_DEVICES")
+    return "" if hidden is None else f" (or unset CUDA_VISIBLE_DEVICES={hidden!r}, if it hides a GPU)"
+
+
 def _session_options(ort, threads: int | None, optimization: str):
     if optimization not in _OPTIMIZATION:
         raise ConfigurationError(
@@ -341,6 +373,23 @@ def _session_options(ort, threads: int | None, optimization: str):
     options.intra_op_num_threads = threads or 0
     options.add_session_config_entry("session.record_ep_graph_assignment_info", "1")
     return options
+
+
+def _quiet_ort(ort, options) -> None:
+    """Keep ONNX Runtime's warnings off the terminal unless they are asked for (``--verbose`` /
+    ``XDEVICE_VERBOSE``, or DEBUG on the ``xdevice.serving`` logger, as ``xdevice serve
+    --log-level debug`` sets): ORT writes them to stderr in colour (a provider it could not
+    create, nodes left on the CPU), and a Session says what matters itself (the providers in
+    use, where nodes run, a GPU that is not there). Errors still print. The default logger's
+    level is process-wide: it also quiets ORT sessions made elsewhere in the process."""
+    import logging
+
+    from xdevice import _quiet
+
+    if _quiet.verbose() or logging.getLogger("xdevice.serving").isEnabledFor(logging.DEBUG):
+        return
+    ort.set_default_logger_severity(3)  # 3: errors and worse
+    options.log_severity_level = 3
 
 
 def _assigned_nodes(session) -> list[tuple[str, str]] | None:

@@ -27,11 +27,32 @@ import dataclasses
 from typing import Any
 
 from xdevice import _registry
-from xdevice._discovery import find
-from xdevice._errors import ConfigurationError, message
+from xdevice._discovery import devices, find
+from xdevice._errors import ConfigurationError, DeviceNotFound, message
 from xdevice._types import format_bytes
 
 __all__ = ["MemoryEstimate", "estimate_memory"]
+
+
+def _device(device: Any, backend: str) -> Any:
+    """``device`` as ``backend`` sees it. A missing GPU gets a fix in words that fit the Python
+    call and ``xdevice estimate-memory --device`` alike: on a machine without one, "no GPU
+    here; use cpu:0"; where ``backend`` alone does not see it, another backend."""
+    try:
+        return find(device, backend=backend)
+    except DeviceNotFound as error:
+        from xdevice._device import device as parse_device
+
+        wanted = parse_device(device)  # it parsed in find: only its absence is left
+        if wanted.kind != "gpu":
+            raise
+        present = [str(d) for d in devices(backend=backend)]
+        if not devices(kind="gpu"):
+            what, fix = f"No GPU here to estimate {wanted} for", "no GPU here; use cpu:0"
+        else:
+            what = f"No device {wanted} on backend {backend!r}"
+            fix = f"use one of those, or measure with a backend whose build sees the GPU ({backend}'s does not)"
+        raise DeviceNotFound(message(what, received=str(device), choices=present, fix=fix)) from error
 
 
 @dataclasses.dataclass
@@ -112,6 +133,7 @@ def estimate_memory(
 
     Raises:
         ConfigurationError: an unknown optimizer or precision, or a batch below 1.
+        DeviceNotFound: ``backend`` has no such device (on a machine without a GPU: use the CPU).
     """
     from xdevice import models
     from xdevice.backends.training import PRECISIONS
@@ -126,7 +148,7 @@ def estimate_memory(
         )
     reference = models.build(model, **spec) if isinstance(model, str) else model.to("numpy")
     backend = backend or (reference.backend if isinstance(model, str) else model.backend)
-    where = find(device, backend=backend)
+    where = _device(device, backend)
 
     sizes = {k: v.nbytes for k, v in reference.numpy_params().items()}
     weights = sum(sizes.values())

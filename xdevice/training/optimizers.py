@@ -25,7 +25,7 @@ from typing import Any, ClassVar
 from xdevice._errors import ConfigurationError, message
 from xdevice.training.schedules import Schedule, schedule
 
-__all__ = ["SGD", "Adam", "AdamW", "Optimizer", "optimizer"]
+__all__ = ["ALIASES", "SGD", "Adam", "AdamW", "Optimizer", "option_names", "optimizer"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -181,15 +181,57 @@ _NAMES: dict[str, tuple[type[Optimizer], dict[str, Any]]] = {
 }
 
 
+#: other names for an option (Keras's and Optax's ``learning_rate``)
+ALIASES = {"learning_rate": "lr"}
+
+
+def option_names(value: str | Optimizer) -> list[str]:
+    """The options of the optimizer ``value`` names, aliases included (an optimizer object's
+    fields, which it carries itself).
+
+    >>> option_names("sgd")
+    ['lr', 'momentum', 'nesterov', 'weight_decay', 'learning_rate']
+    """
+    kind = type(value) if isinstance(value, Optimizer) else _kind(value)[0]
+    return [f.name for f in dataclasses.fields(kind)] + list(ALIASES)
+
+
 def optimizer(value: str | Optimizer, **options: Any) -> Optimizer:
     """An optimizer from a name (``"sgd"``, ``"momentum"``, ``"adam"``, ``"adamw"``) or as given.
 
-    >>> optimizer("momentum", lr=0.1)
+    ``learning_rate`` is accepted for ``lr``.
+
+    >>> optimizer("momentum", learning_rate=0.1)
     SGD(lr=0.1, momentum=0.9, nesterov=False, weight_decay=0.0)
     """
     if isinstance(value, Optimizer):
+        if options:
+            raise ConfigurationError(
+                message(
+                    "An optimizer object carries its own settings",
+                    received=sorted(options),
+                    fix=f"{type(value).__name__}(..., {next(iter(options))}=...), or pass the optimizer's name "
+                    f"({type(value).__name__.lower()!r}) with the options",
+                )
+            )
         return value
-    if value not in _NAMES:
+    kind, defaults = _kind(value)
+    for alias, name in ALIASES.items():
+        if alias in options:
+            if name in options:
+                raise ConfigurationError(
+                    message(f"{alias} is another name for {name}: pass one of them", received=f"{alias}= and {name}=")
+                )
+            options[name] = options.pop(alias)
+    valid = [f.name for f in dataclasses.fields(kind)]
+    unknown = [k for k in options if k not in valid]
+    if unknown:
+        raise ConfigurationError(message(f"Unknown option for optimizer {value!r}", received=unknown[0], choices=valid))
+    return kind(**{**defaults, **options})
+
+
+def _kind(value: str) -> tuple[type[Optimizer], dict[str, Any]]:
+    if not isinstance(value, str) or value not in _NAMES:
         raise ConfigurationError(
             message(
                 "Unknown optimizer",
@@ -198,9 +240,4 @@ def optimizer(value: str | Optimizer, **options: Any) -> Optimizer:
                 fix="pass one of these names or an xdevice.training optimizer",
             )
         )
-    kind, defaults = _NAMES[value]
-    valid = [f.name for f in dataclasses.fields(kind)]
-    unknown = [k for k in options if k not in valid]
-    if unknown:
-        raise ConfigurationError(message(f"Unknown option for optimizer {value!r}", received=unknown[0], choices=valid))
-    return kind(**{**defaults, **options})
+    return _NAMES[value]

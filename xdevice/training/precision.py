@@ -1,4 +1,8 @@
-"""Dynamic loss scaling for ``precision="float16"``, written once over the op set.
+"""Training precision: its names (``precision_name``) and float16's dynamic loss scaling,
+written once over the op set.
+
+``precision=`` takes the names the CLI's ``--precision`` takes: ``float32`` (``fp32``),
+``bfloat16`` (``bf16``), ``float16`` (``fp16``, ``half``).
 
 float16 has 5 exponent bits: small gradients underflow to zero. The loss is multiplied by a
 scale before the gradient is taken and the gradients divided by it after, in float32 (the
@@ -19,7 +23,39 @@ from typing import Any
 
 from xdevice._errors import ConfigurationError, message
 
-__all__ = ["LossScale"]
+__all__ = ["SPELLINGS", "LossScale", "precision_name"]
+
+#: every spelling of a training precision -> its dtype name
+SPELLINGS = {
+    "float32": "float32",
+    "fp32": "float32",
+    "f32": "float32",
+    "bfloat16": "bfloat16",
+    "bf16": "bfloat16",
+    "float16": "float16",
+    "fp16": "float16",
+    "f16": "float16",
+    "half": "float16",
+}
+
+
+def precision_name(value: str) -> str:
+    """The dtype name of a precision however it is spelled (``"bf16"`` -> ``"bfloat16"``).
+
+    >>> precision_name("fp16")
+    'float16'
+    """
+    name = SPELLINGS.get(value.lower()) if isinstance(value, str) else None
+    if name is None:
+        raise ConfigurationError(
+            message(
+                "Unknown precision",
+                received=value,
+                choices=sorted(set(SPELLINGS.values()), key=list(SPELLINGS.values()).index),
+                fix="float32 (fp32), bfloat16 (bf16) or float16 (fp16, half)",
+            )
+        )
+    return name
 
 
 @dataclasses.dataclass(frozen=True)

@@ -6,6 +6,12 @@ and the optimizer's pure update (over the op set). It is compiled the backend's 
 (``jax.jit``, ``tf.function``; PyTorch runs eagerly). Batches come from a prefetching
 loader; ``History`` reports the fraction of each epoch spent waiting for input.
 
+The data is checked once, before the first step, the same way for every backend and model
+(:mod:`xdevice.training.targets`): a zoo model's input shape and dtype, a framework's own
+model's input dtype, token ids against the vocabulary, and targets against the loss and the
+model's output width. ``fit``'s keywords are checked against its own options and the
+optimizer's together, so a misspelt one gets the nearest of both.
+
 ``epochs`` counts from the start of training, as Keras's ``epochs`` with ``initial_epoch``:
 a trainer resumed from a checkpoint taken in epoch 2 and asked for ``epochs=3`` finishes
 epoch 2 from the batch where it stopped, then trains epoch 3.
@@ -21,10 +27,12 @@ epoch 2 from the batch where it stopped, then trains epoch 3.
 
 from __future__ import annotations
 
+import copy
 import inspect
+import sys
 import time
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -32,15 +40,16 @@ import numpy as np
 from xdevice._errors import ConfigurationError, message
 from xdevice.training import checkpoint
 from xdevice.training.callbacks import Callback, Progress
-from xdevice.training.data import Prefetcher, as_batches
+from xdevice.training.data import Batches, Prefetcher, as_batches
 from xdevice.training.history import History
-from xdevice.training.losses import loss_function, metric_function
-from xdevice.training.optimizers import Optimizer
+from xdevice.training.losses import default_metrics, loss_function, loss_name, metric_function
+from xdevice.training.optimizers import Optimizer, option_names
 from xdevice.training.optimizers import optimizer as make_optimizer
-from xdevice.training.precision import LossScale
+from xdevice.training.precision import LossScale, precision_name
 from xdevice.training.precision import loss_scale as make_loss_scale
 from xdevice.training.programs import program, staged
 from xdevice.training.replication import replicate
+from xdevice.training.targets import FLOATS, Rules
 
 __all__ = ["Trainer", "fit"]
 
@@ -51,7 +60,9 @@ class Trainer:
     """Train ``model`` (zoo model, ``torch.nn.Module``, Keras/``tf.Module``, JAX ``(apply, params)``).
 
     Args:
-        loss: ``"cross_entropy"`` (integer labels), ``"mse"``, or ``f(ops, outputs, targets)``.
+        loss: ``"cross_entropy"`` (integer labels, or probabilities of the classes),
+            ``"binary_cross_entropy"`` / ``"bce"`` (one output, 0/1 targets), ``"mse"``, or
+            ``f(ops, outputs, targets)`` (see ``xdevice.training.losses``).
         optimizer: ``"sgd"``, ``"momentum"``, ``"adam"``, ``"adamw"`` or an optimizer object.
         device: where to train (default: where the model is).
         devices: train data-parallel over these devices with the framework's own engine
@@ -61,8 +72,10 @@ class Trainer:
             that do not fit one device: a ``torch.nn.Sequential`` (cut into runs of about equal
             parameter counts) or a list of stage models (see ``programs.staged``).
         precision: ``"float32"``; ``"bfloat16"`` or ``"float16"`` compute with float32 master
-            weights (float16 with dynamic loss scaling: ``loss_scale``, ``xdevice.training.precision``).
-        metrics: names or ``f(ops, outputs, targets)``; reported per epoch.
+            weights (float16 with dynamic loss scaling: ``loss_scale``, ``xdevice.training.precision``);
+            the CLI's spellings (``fp32``, ``bf16``, ``fp16``) too.
+        metrics: names or ``f(ops, outputs, targets)``; reported per epoch. Default: accuracy for
+            a classification loss, nothing for a regression loss or your own.
         jit: compile the step (JAX, TensorFlow).
         clip_norm, clip_value: clip the gradients by their global L2 norm and/or elementwise by
             value before the optimizer's step, as ``torch.nn.utils.clip_grad_norm_`` /
@@ -87,7 +100,7 @@ class Trainer:
         devices: Sequence[Any] | None = None,
         stages: Sequence[Any] | None = None,
         precision: str = "float32",
-        metrics: Sequence[str | Callable] = ("accuracy",),
+        metrics: Sequence[str | Callable] | None = None,
         jit: bool = True,
         clip_norm: float | None = None,
         clip_value: float | None = None,
@@ -95,6 +108,8 @@ class Trainer:
         loss_scale: LossScale | dict | None = None,
         **optimizer_options: Any,
     ):
+        _check_options(optimizer_options, optimizer, _TRAINER_OPTIONS, "Trainer")
+        precision = precision_name(precision)
         chosen = {k: v for k, v in (("device", device), ("devices", devices), ("stages", stages)) if v is not None}
         if len(chosen) > 1:
             raise ConfigurationError(
@@ -104,14 +119,14 @@ class Trainer:
         self.declared = _declared_input(model)
         self.program.set_precision(precision)
         self.backend, self.ops = self.program.backend, self.program.ops
-        self.loss_name = loss if isinstance(loss, str) else getattr(loss, "__name__", "loss")
         self.loss = loss_function(loss)
-        if loss != "cross_entropy":
-            metrics = [m for m in metrics if m != "accuracy"]  # accuracy needs class labels
+        named = loss_name(loss)  # aliases resolved; None for your own function
+        self.loss_name = named or getattr(loss, "__name__", "loss")
         self.metrics = {
-            m if isinstance(m, str) else getattr(m, "__name__", f"metric{i}"): metric_function(m)
-            for i, m in enumerate(metrics)
+            m if isinstance(m, str) else getattr(m, "__name__", f"metric{i}"): metric_function(m, loss)
+            for i, m in enumerate(default_metrics(loss) if metrics is None else metrics)
         }
+        self.rules = _rules(model, named, self.program)  # what the data must hold, checked before any step
         for name, limit in (("clip_norm", clip_norm), ("clip_value", clip_value)):
             if limit is not None and (isinstance(limit, bool) or not isinstance(limit, (int, float)) or limit <= 0):
                 raise ConfigurationError(
@@ -240,7 +255,7 @@ class Trainer:
     def step(self, x: Any, y: Any) -> float:
         """One optimisation step on a batch (with ``accumulate=k``: one batch of the k that make
         a step); returns its loss."""
-        x, y, rows = self._place((x, y))
+        x, y, rows = self._place(self._check_batch((x, y)))
         result = self._step(x, y, rows)
         return result[0] if result else self._group[-1][1]
 
@@ -293,6 +308,7 @@ class Trainer:
         shuffle: bool = True,
         seed: int = 0,
         validation: Any = None,
+        drop_last: bool = False,
         prefetch: int = 2,
         steps: int | None = None,
         verbose: int = 1,
@@ -305,6 +321,8 @@ class Trainer:
             data: ``(x, y)`` numpy arrays, or an iterable of ``(x, y)`` batches.
             batch_size, shuffle, seed: how arrays are cut; the order depends on (seed, epoch) only.
             validation: ``(x, y)`` or batches, evaluated after each epoch (``val_*``).
+            drop_last: leave out the last batch of each epoch when it is short (arrays only:
+                an iterable's batches are used as it yields them).
             prefetch: batches placed on the device ahead of time by a background thread; 0: none.
             steps: stop after this many optimizer steps (mid-epoch; a checkpoint resumes there).
             verbose: 1: a progress bar on a terminal, a line per epoch elsewhere; 0: silent.
@@ -314,8 +332,18 @@ class Trainer:
 
         Returns:
             ``History`` (``history.model`` is the trained object).
+
+        Raises:
+            ConfigurationError: data in a form fit does not take, or inputs or targets the model
+                and loss cannot take (see :mod:`xdevice.training.targets`), before any step.
         """
+        _check_form(data)
         _check_input(self.declared, data)
+        data = self._checked(data, batch_size)
+        if validation is not None:
+            _check_form(validation, "validation")
+            _check_input(self.declared, validation)
+            validation = self._checked(validation, batch_size, "y_val")
         if self.epoch >= epochs:  # epochs is a total: a resumed run that reached it has nothing to do
             warnings.warn(
                 message(
@@ -328,6 +356,8 @@ class Trainer:
             )
             return self.history
         source = as_batches(data, batch_size, shuffle, seed)
+        if drop_last:
+            source = _dropping_last(source, data)
         self.seed = seed
         callbacks = ([Progress(epochs, len(source))] if verbose else []) + list(callbacks)
         self.stop_training = False
@@ -338,7 +368,10 @@ class Trainer:
             began, sums = time.perf_counter(), {"rows": 0.0}
             for callback in callbacks:
                 callback.on_epoch_begin(self, self.epoch + 1)
-            loader = Prefetcher(source.epoch(self.epoch, self.batch), self._place, prefetch)
+            batches = source.epoch(self.epoch, self.batch)
+            if not isinstance(source, Batches):  # arrays were checked whole; an iterable's batches here
+                batches = self._checking(batches)
+            loader = Prefetcher(batches, self._place, prefetch)
             finished = True
             try:
                 for x, y, n in loader:
@@ -401,10 +434,12 @@ class Trainer:
 
     def evaluate(self, data: Any, batch_size: int = 256) -> dict[str, float]:
         """Mean loss and metrics over ``data`` in inference mode (batch norm uses running stats)."""
-        source = as_batches(data, batch_size, shuffle=False)
+        _check_form(data)
+        source = as_batches(self._checked(data, batch_size), batch_size, shuffle=False)
         sums: dict[str, float] = {}
         rows = 0
-        for batch in source.epoch(0):
+        batches = source.epoch(0)
+        for batch in batches if isinstance(source, Batches) else self._checking(batches):
             x, y = self._on_device(batch)  # whole, not split: evaluated as on one device
             x, y = self.replicas.place_params({"x": x, "y": y}).values()  # beside the replicated params
             loss, metrics = self._evaluate(self.program.params, self.program.buffers, x, y)
@@ -469,17 +504,12 @@ class Trainer:
             ConfigurationError: the checkpoint belongs to another model or optimizer.
         """
         arrays, state, record = checkpoint.read(folder)
-        p = self.program
-        expected = {f"param/{k}" for k in p.params} | {f"buffer/{k}" for k in p.buffers}
-        if set(arrays) != expected or set(state) != set(self.state):
-            wrong = sorted(set(arrays) ^ expected) or sorted(set(state) ^ set(self.state))
-            raise ConfigurationError(
-                message(
-                    "The checkpoint does not match this model and optimizer",
-                    received=wrong[:5],
-                    fix="build the same model and optimizer first",
-                )
-            )
+        p, shape = self.program, self.ops.shape
+        mine = {f"param/{k}": v for k, v in p.params.items()} | {f"buffer/{k}": v for k, v in p.buffers.items()}
+        checkpoint.check({k: shape(v) for k, v in mine.items()}, {k: v.shape for k, v in arrays.items()}, "model")
+        checkpoint.check(
+            {k: shape(v) for k, v in self.state.items()}, {k: v.shape for k, v in state.items()}, "optimizer's state"
+        )
         mine = self.optimizer.config()
         if record["optimizer"] != mine:  # the learning rate's schedule included
             differ = [
@@ -500,6 +530,59 @@ class Trainer:
         self.step_count, self.epoch, self.batch, self.seed = (record[k] for k in ("step", "epoch", "batch", "seed"))
         self.history.epochs, self.history.steps = record["history"]["epochs"], record["history"]["steps"]
         return self
+
+    # -- the data's checks (xdevice.training.targets) ---------------------------------------
+
+    def _checked(self, data: Any, batch_size: int, name: str = "y") -> Any:
+        """``data`` with its arrays checked whole, now (``y`` as the loss reads it); an
+        iterable's batches are checked as they come (:meth:`_checking`)."""
+        if isinstance(data, Batches):
+            x, y = self._check_arrays(data.x, data.y, data.batch_size, name)
+            if y is not data.y:
+                data = copy.copy(data)
+                data.y = y
+            return data
+        if isinstance(data, tuple) and len(data) == 2 and hasattr(data[0], "shape"):
+            return self._check_arrays(data[0], data[1], batch_size, name)
+        return data
+
+    def _check_arrays(self, x: Any, y: Any, rows: int, name: str) -> tuple[Any, Any]:
+        self.rules.check_x(x)
+        self._learn_outputs(x[:rows])  # the first batch's rows
+        return x, self.rules.check_y(y, name)
+
+    def _checking(self, batches: Iterator) -> Iterator:
+        """An iterable's batches, each checked before it is placed; the first here, now (a
+        framework's own model learns its output width from it, on this thread)."""
+        first = next(batches, None)
+        if first is None:
+            return iter(())
+        checked = self._check_batch(first)
+
+        def rest():
+            yield checked
+            for batch in batches:
+                yield self._check_batch(batch)
+
+        return rest()
+
+    def _check_batch(self, batch: tuple[Any, Any]) -> tuple[Any, Any]:
+        x, y = batch
+        self._learn_outputs(x)
+        return self.rules.check(x, y)
+
+    def _learn_outputs(self, x: Any) -> None:
+        """The model's output shape, from one forward pass in inference mode on ``x``, when a
+        named loss checks the targets against it and the model does not declare it (a
+        framework's own model, an imported one)."""
+        rules = self.rules
+        if rules.outputs is not None or rules.loss is None or not hasattr(x, "shape"):
+            return
+        rules.check_x(x)  # an input the parameters cannot take fails in the forward pass
+        p = self.program
+        placed = self.replicas.place_params({"x": self.backend.to_device(self.ops.asarray(x), p.device)})["x"]
+        out, _ = p.forward(p.params, p.buffers, placed, False)
+        rules.set_outputs(tuple(int(d) for d in self.ops.shape(out)[1:]))
 
     # -- helpers --------------------------------------------------------------------------
 
@@ -524,46 +607,112 @@ class Trainer:
         return float(self.ops.to_numpy(value))
 
 
-def _declared_input(model: Any) -> Any:
-    """A zoo model's example input (one row): the shape and dtype its ``x`` must have."""
+def _rules(model: Any, loss: str | None, trained: Any) -> Rules:
+    """What the data must hold: a zoo model declares its output width and vocabulary; a
+    framework's own model gives its parameters' dtype (its width comes from a forward pass on
+    the first batch); an imported model checks its own inputs."""
     from xdevice import models
 
-    if not isinstance(model, models.Model):
-        return None
-    example = model.example_input(1)
-    if example.dtype.kind == "f" and model.params:  # float inputs come in the weights' dtype (a float64 model)
-        example = example.astype(model.ops.dtype(next(iter(model.params.values()))))
-    return example
+    if isinstance(model, models.Model):
+        tokens = np.issubdtype(model.example_input(1).dtype, np.integer)
+        return Rules(
+            loss, outputs=model.spec.get("classes"), vocab=model.spec.get("vocab") if tokens else None, build=model.name
+        )
+    imported = sys.modules.get("xdevice.converters.importer.model")
+    if imported is not None and isinstance(model, imported.ImportedModel):
+        return Rules(loss)
+    dtypes = (trained.ops.dtype(v) for v in trained.params.values())
+    return Rules(loss, dtype=next((d for d in dtypes if d in FLOATS), None))
+
+
+def _check_form(data: Any, name: str = "data") -> None:
+    """Refuse at once what no batching reads: a mapping (a dict, scikit-learn's Bunch, a
+    DataFrame), a string, a tuple of other than two arrays."""
+    pairs = "(x, y) arrays, or an iterable of (x, y) batches (a list of pairs, a torch DataLoader, a tf.data.Dataset)"
+    kind = type(data).__name__
+    if isinstance(data, (str, bytes)):
+        raise ConfigurationError(message(f"Unsupported {name} for training", expected=pairs, received=kind))
+    if hasattr(data, "keys") and hasattr(data, "__getitem__"):
+        keys = [str(k) for k in data.keys()]
+        pick = next(((a, b) for a, b in (("data", "target"), ("x", "y"), ("X", "y")) if a in keys and b in keys), None)
+        raise ConfigurationError(
+            message(
+                f"Unsupported {name} for training: a {kind} of {len(keys)} entries",
+                expected=pairs,
+                received=kind,
+                fix=f"pass ({name}[{pick[0]!r}], {name}[{pick[1]!r}])"
+                if pick
+                else f"pass the inputs and the targets as a tuple (x, y) from its entries {keys[:8]}",
+            )
+        )
+    if isinstance(data, tuple) and len(data) != 2 and data and hasattr(data[0], "shape"):
+        raise ConfigurationError(
+            message(
+                f"Unsupported {name} for training: a tuple of {len(data)} arrays",
+                expected=pairs,
+                received=f"tuple of {len(data)}",
+                fix="pass (x, y): inputs and targets",
+            )
+        )
+
+
+def _dropping_last(source: Any, data: Any) -> Batches:
+    """``source`` without each epoch's short last batch (a copy when it is the caller's)."""
+    if not isinstance(source, Batches):
+        raise ConfigurationError(
+            message(
+                "drop_last cuts (x, y) arrays into batches; an iterable's batches are used as it yields them",
+                received=type(data).__name__,
+                fix="drop the short batch where the batches are made (torch DataLoader(drop_last=True), "
+                "tf.data's batch(size, drop_remainder=True)), or pass (x, y) arrays",
+            )
+        )
+    if len(source.x) < source.batch_size:
+        raise ConfigurationError(
+            message(
+                "drop_last leaves no batch: there are fewer rows than batch_size",
+                received=f"{len(source.x)} rows, batch_size={source.batch_size}",
+                fix=f"batch_size={len(source.x)} or less, or drop_last=False",
+            )
+        )
+    dropping = copy.copy(source) if source is data else source
+    dropping.drop_last = True
+    return dropping
+
+
+def _check_options(options: dict[str, Any], optimizer: Any, own: set[str], where: str) -> None:
+    """Keywords that are neither ``where``'s own options nor the optimizer's are refused, with
+    the nearest of both (``batchsize`` -> ``batch_size``, ``epoch`` -> ``epochs``)."""
+    mine = option_names(optimizer)  # an unknown optimizer name is refused here, with the choices
+    unknown = [k for k in options if k not in own and k not in mine]
+    if not unknown:
+        return
+    key = unknown[0]
+    named = optimizer if isinstance(optimizer, str) else type(optimizer).__name__
+    fix = f"{key} is an option of Trainer.fit: trainer.fit(data, {key}=...)" if where == "Trainer" else None
+    raise ConfigurationError(
+        message(
+            f"Unknown option for {where}",
+            expected=f"one of {where}'s options or the {named!r} optimizer's",
+            received=key,
+            choices=sorted(own | set(mine)),
+            fix=fix if key in _FIT_OPTIONS else None,
+        )
+    )
+
+
+def _declared_input(model: Any) -> Any:
+    """A zoo model, whose ``check_input`` says what its ``x`` must be; None for any other."""
+    from xdevice import models
+
+    return model if isinstance(model, models.Model) else None
 
 
 def _check_input(declared: Any, data: Any) -> None:
     """``x`` of ``(x, y)`` arrays against what a zoo model takes, before any framework runs:
-    rows of the model's shape (token ids: its rank), and its dtype."""
-    if declared is None or not isinstance(data, tuple) or not data or not hasattr(data[0], "shape"):
-        return
-    x = data[0]
-    tokens = np.issubdtype(declared.dtype, np.integer)
-    want = f"{declared.dtype}[rows, {', '.join(map(str, declared.shape[1:]))}]"
-    got = f"{np.dtype(getattr(x, 'dtype', 'float32')).name}{list(x.shape)}"
-    if len(x.shape) != declared.ndim or (not tokens and tuple(x.shape[1:]) != declared.shape[1:]):
-        raise ConfigurationError(
-            message(
-                "x does not have the shape of the model's input",
-                expected=want,
-                received=got,
-                fix=f"reshape x to (rows, {', '.join(map(str, declared.shape[1:]))}); model.example_input(n) shows one",
-            )
-        )
-    kind = np.dtype(getattr(x, "dtype", "float32"))
-    if (tokens and not np.issubdtype(kind, np.integer)) or (not tokens and kind != declared.dtype):
-        raise ConfigurationError(
-            message(
-                "x does not have the dtype of the model's input",
-                expected=want,
-                received=got,
-                fix=f"x.astype({declared.dtype.name!r})",
-            )
-        )
+    the model's own check, the one a call of the model makes (its fix fits the data)."""
+    if declared is not None and isinstance(data, tuple) and data and hasattr(data[0], "shape"):
+        declared.check_input(data[0])
 
 
 def fit(
@@ -577,17 +726,30 @@ def fit(
     devices: Sequence[Any] | None = None,
     stages: Sequence[Any] | None = None,
     precision: str = "float32",
-    metrics: Sequence[str | Callable] = ("accuracy",),
+    metrics: Sequence[str | Callable] | None = None,
     **options: Any,
 ) -> History:
     """Train ``model`` on ``data`` for ``epochs``; see :class:`Trainer` and :meth:`Trainer.fit`.
 
-    Optimizer settings (``lr``, ``momentum``, ``weight_decay``...) and fit settings
-    (``batch_size``, ``seed``, ``validation``, ``prefetch``, ``verbose``...) go in ``options``.
+    Optimizer settings (``lr``, ``momentum``, ``weight_decay``...), the trainer's (``clip_norm``,
+    ``accumulate``...) and fit settings (``batch_size``, ``seed``, ``validation``, ``drop_last``,
+    ``prefetch``, ``verbose``...) go in ``options``; Keras's names ``validation_data`` and
+    ``learning_rate`` are taken for ``validation`` and ``lr``. A keyword that is none of these
+    is refused with the nearest one.
+
+    Raises:
+        ConfigurationError: an unknown option, or data the model and loss cannot take.
     """
-    fit_keys = set(inspect.signature(Trainer.fit).parameters) - {"self", "data", "epochs"}
-    fit_options = {k: v for k, v in options.items() if k in fit_keys}
-    optimizer_options = {k: v for k, v in options.items() if k not in fit_keys}
+    for alias, name in _FIT_ALIASES.items():
+        if alias in options:
+            if name in options:
+                raise ConfigurationError(
+                    message(f"{alias} is another name for {name}: pass one of them", received=f"{alias}= and {name}=")
+                )
+            options[name] = options.pop(alias)
+    _check_options(options, optimizer, _FIT_OWN | _FIT_OPTIONS | _TRAINER_OPTIONS | set(_FIT_ALIASES), "fit")
+    fit_options = {k: v for k, v in options.items() if k in _FIT_OPTIONS}
+    optimizer_options = {k: v for k, v in options.items() if k not in _FIT_OPTIONS}
     trainer = Trainer(
         model,
         loss,
@@ -600,3 +762,10 @@ def fit(
         **optimizer_options,
     )
     return trainer.fit(data, epochs, **fit_options)
+
+
+#: fit's named keywords; Trainer.fit's options; the Trainer's own options (beyond the optimizer's)
+_FIT_OWN = set(inspect.signature(fit).parameters) - {"model", "data", "options"}
+_FIT_OPTIONS = set(inspect.signature(Trainer.fit).parameters) - {"self", "data", "epochs"}
+_TRAINER_OPTIONS = set(inspect.signature(Trainer.__init__).parameters) - {"self", "model", "optimizer_options"}
+_FIT_ALIASES = {"validation_data": "validation"}  # Keras's name
