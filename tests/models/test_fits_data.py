@@ -153,3 +153,11 @@ def test_the_reference_docs_have_a_table_of_each_models_hyper_parameters(name):
     section = DOCS.read_text().split(f"### `{name}`\n", 1)[1].split("\n### ", 1)[0].split("\n## ", 1)[0]
     rows = re.findall(r"^\| `(\w+)` \| `([^`]+)` \|", section, re.M)
     assert {key: ast.literal_eval(value) for key, value in rows} == models.definition(name).DEFAULTS
+
+
+def test_token_ids_past_the_vocabulary_are_refused_before_the_framework_clamps_them(backend):
+    model = models.build("lstm", backend=backend.name, vocab=100, seed=0)
+    x = model.example_input(3)
+    x[0, 0] = 150
+    with pytest.raises(ConfigurationError, match=r"outside 0 <= id < 100 .* 1 of 3 rows: \[150\].*vocab=151"):
+        model(x)

@@ -23,6 +23,8 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
+
 from xdevice._errors import ConfigurationError, message
 
 __all__ = [
@@ -162,6 +164,41 @@ def check_input(x: Any, name: str, spec: dict[str, Any], backend: str, ops: Any,
                 fix=fix,
             )
         )
+    if takes_tokens(name) and isinstance(x, np.ndarray):  # host data: read without a device sync
+        check_token_ids(x, int(spec["vocab"]), name)
+
+
+def check_token_ids(ids: Any, vocab: int, build: str | None = None) -> None:
+    """Raise unless every id in the integer array ``ids`` is a row of a ``vocab``-row
+    embedding (JAX's gather clamps an id past the end silently, torch raises a raw
+    IndexError); ``build`` is the ``models.build(...)`` call, for the fix."""
+    ids = np.asarray(ids)
+    if ids.dtype.kind not in "iu":
+        raise ConfigurationError(
+            message(
+                "x holds token ids, which are integers",
+                received=f"{ids.dtype.name}{list(ids.shape)}",
+                fix="x.astype('int64')",
+            )
+        )
+    bad = (ids < 0) | (ids >= vocab)
+    if not bad.any():
+        return
+    rows = int(bad.reshape(len(bad), -1).any(axis=1).sum()) if bad.ndim > 1 else int(bad.sum())
+    distinct = np.unique(ids[bad]).tolist()
+    shown = ", ".join(str(v) for v in distinct[:8]) + (f", ... ({len(distinct)} distinct)" if len(distinct) > 8 else "")
+    wider = f"models.build({build!r}, vocab={int(ids.max()) + 1})" if build else "a larger vocabulary"
+    raise ConfigurationError(
+        message(
+            f"x holds token ids outside 0 <= id < {vocab} (the model's vocabulary) in {rows} of {len(ids)} rows: "
+            f"[{shown}]",
+            fix=(
+                f"token ids count from 0: map padding and unknown tokens to ids in 0..{vocab - 1}"
+                if (ids < 0).any()
+                else f"{wider}, or map the ids past {vocab - 1} to an unknown-token id below {vocab}"
+            ),
+        )
+    )
 
 
 def input_dtype(x: Any, ops: Any) -> str:

@@ -37,6 +37,7 @@ import numpy as np
 
 from xdevice._errors import ConfigurationError, message
 from xdevice._tensors import to_host
+from xdevice.models._fit import check_token_ids
 
 __all__ = ["FLOATS", "Rules", "dtype_name"]
 
@@ -285,31 +286,8 @@ class Rules:
         )
 
     def _tokens(self, ids: np.ndarray) -> None:
-        vocab = self.vocab
-        if vocab is None:
-            return
-        if ids.dtype.kind not in "iu":
-            raise ConfigurationError(
-                message(
-                    "x holds token ids, which are integers",
-                    received=f"{ids.dtype.name}{list(ids.shape)}",
-                    fix="x.astype('int64')",
-                )
-            )
-        bad = (ids < 0) | (ids >= vocab)
-        if bad.any():
-            wider = f"models.build({self.build!r}, vocab={int(ids.max()) + 1})" if self.build else "a larger vocabulary"
-            raise ConfigurationError(
-                message(
-                    f"x holds token ids outside 0 <= id < {vocab} (the model's vocabulary) in "
-                    f"{_rows(bad)} of {len(ids)} rows: {_shown(ids[bad])}",
-                    fix=(
-                        f"token ids count from 0: map padding and unknown tokens to ids in 0..{vocab - 1}"
-                        if (ids < 0).any()
-                        else f"{wider}, or map the ids past {vocab - 1} to an unknown-token id below {vocab}"
-                    ),
-                )
-            )
+        if self.vocab is not None:
+            check_token_ids(ids, self.vocab, self.build)
 
 
 def dtype_name(x: Any) -> str:
