@@ -5,6 +5,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 import xdevice
 
 
@@ -77,6 +79,13 @@ def test_long_commands_say_what_they_are_doing_on_stderr_and_keep_stdout_clean()
     assert result.returncode == 0, result.stderr
     assert "parity: mlp (1/2)" in result.stderr and "parity: cnn (2/2)" in result.stderr
     json.loads(result.stdout)  # nothing but the report on stdout
+
+
+@pytest.mark.parametrize("command", [["export", "mlp", "--backend"], ["convert", "m.onnx", "--to"]])
+def test_a_backend_alias_on_the_command_line_names_the_backend_meant(command):
+    result = _run(*command, "tf")
+    assert result.returncode == 2 and "invalid choice" not in result.stderr
+    assert "Did you mean 'tensorflow'? Fix: give 'tensorflow'" in result.stderr
 
 
 def test_exporting_from_numpy_is_refused_by_xdevice_with_the_reason_not_by_argparse(tmp_path):

@@ -92,6 +92,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--backend",
         required=True,
         choices=registered,
+        type=_backend_name,
         help="the framework whose exporter writes the model",
     )
     out.add_argument("--output", default=None, metavar="PATH", help="where to write it (default: MODEL.onnx)")
@@ -113,7 +114,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     into = commands.add_parser("convert", help="save an ONNX model in a framework's own format")
     into.add_argument("model", help="path of the .onnx file")
-    into.add_argument("--to", required=True, choices=registered, help="the framework whose format to write")
+    into.add_argument(
+        "--to", required=True, choices=registered, type=_backend_name, help="the framework whose format to write"
+    )
     into.add_argument("--output", help="where to write (default: next to the model)")
     into.set_defaults(run=_convert)
 
@@ -190,6 +193,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--backend",
         default="jax",
         choices=registered,
+        type=_backend_name,
         help="the framework that measures (default jax: XLA's memory_analysis)",
     )
     sizing.add_argument("--device", default="cpu", help="the device to fit (default cpu)")
@@ -268,6 +272,14 @@ def _as_dict(d: Device) -> dict:
         "compute_capability": list(d.compute_capability) if d.compute_capability else None,
         "backends": list(d.backends),
     }
+
+
+def _backend_name(value: str) -> str:
+    """A backend name as typed; an alias (``tf``) or a device word gets the registry's
+    message, with the name meant, instead of argparse's bare "invalid choice"."""
+    if value in _registry.backends(all=True):
+        return value
+    raise argparse.ArgumentTypeError(_registry.unknown(value).replace("Fix: pass '", "Fix: give '"))
 
 
 def _models(args: argparse.Namespace) -> int:
