@@ -32,6 +32,20 @@ def test_cpu_devices_take_effect_in_a_fresh_process(backend, run_python):
         assert out == {"how": "advisory", "cpus": ["cpu:0"]}
 
 
+def test_the_torch_cpu_devices_advisory_names_the_launcher(run_python):
+    """PyTorch has no virtual CPUs: the report says how N replicas do run (as the Trainer's refusal does)."""
+    if "torch" not in xdevice.backends():
+        pytest.skip("torch is not installed")
+    result = run_python("""
+        import xdevice
+        print(xdevice.configure(cpu_devices=3, backends=["torch"]))
+    """)
+    assert result.returncode == 0, result.stderr
+    assert "advisory" in result.stdout
+    assert "`xdevice launch --nproc-per-node 3 your_script.py`" in result.stdout
+    assert "without devices=" in result.stdout
+
+
 @pytest.mark.parametrize(
     "name, start",
     [

@@ -3,7 +3,10 @@
 JAX sees the global batch as one array split across the mesh, so the step is the
 one-device step under ``jax.jit`` (the defaults of ``xdevice.backends.training.Replicas``):
 XLA inserts the all-reduce of the gradients. The loss is already the global mean, so
-``weight`` is 1 and ``sum`` is the identity.
+``weight`` is 1 and ``sum`` is the identity. A batch whose rows do not split evenly is padded
+(``place_batch``), its padding left out of the loss and metrics; batch statistics (batch norm)
+see the padding rows, repeats of the batch's own. After training, ``gather`` brings the params
+back to the model's one device.
 
 Across processes (``jax.distributed``, joined from what ``xdevice launch`` set) the
 mesh spans every process's devices and the same jitted step runs in each (SPMD). Every
@@ -19,6 +22,7 @@ from collections.abc import Callable
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
@@ -47,19 +51,24 @@ class Replicas(training.Replicas):
         return {k: jax.device_put(v, self.replicated) for k, v in arrays.items()}
 
     def place_batch(self, x: Any, y: Any) -> tuple[Any, Any]:
-        rows = x.shape[0]
-        if rows % self.count:
-            raise ConfigurationError(
-                message(
-                    f"A batch of {rows} rows cannot be split evenly over {self.count} devices",
-                    expected=f"a multiple of {self.count}",
-                    received=rows,
-                    fix="choose batch_size as a multiple of the device count, and drop_last for the remainder",
-                )
-            )
+        # JAX splits one array into equal shards: a short batch's x is padded with repeats of
+        # its first rows up to a multiple of the device count, and y keeps the real rows, whole
+        # on every device; the step scores only the outputs of those rows (the trainer cuts the
+        # outputs to the targets' rows), so every row counts once, as on one device.
         if self.processes:
             x, y = np.asarray(x), np.asarray(y)
-        return jax.device_put(x, self.split), jax.device_put(y, self.split)
+        rows = x.shape[0]
+        short = -rows % self.count
+        if not short:
+            return jax.device_put(x, self.split), jax.device_put(y, self.split)
+        xp = np if self.processes else jnp
+        padded = xp.concatenate([x, xp.take(x, xp.arange(short) % rows, axis=0)])
+        return jax.device_put(padded, self.split), jax.device_put(y, self.replicated)
+
+    def gather(self, arrays: dict[str, Any], device: Device) -> dict[str, Any]:
+        """``arrays`` (copies over the mesh) on ``device`` alone, for use outside the step."""
+        where = self.backend.native_device(device)
+        return {k: jax.device_put(v.addressable_data(0), where) for k, v in arrays.items()}
 
 
 class Replication:

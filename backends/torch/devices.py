@@ -56,8 +56,9 @@ class Devices(AppliesPendingConfiguration):  # creating the backend applies pend
                 "cpu_devices",
                 config.cpu_devices,
                 "advisory",
-                f"PyTorch has no in-process virtual devices; replication runs "
-                f"{config.cpu_devices} gloo worker processes",
+                f"PyTorch has no in-process virtual devices, so devices=[...] cannot replicate in one "
+                f"process; for {config.cpu_devices} replicas run the script without devices= under "
+                f"`xdevice launch --nproc-per-node {config.cpu_devices} your_script.py` (one gloo process each)",
             )
         ]
 

@@ -82,3 +82,28 @@ def test_needs_gpu():
 def test_the_markers_are_registered(pytester):
     result = pytester.runpytest("--markers")
     result.stdout.fnmatch_lines(["*gpu: needs an NVIDIA GPU*", "*multi_device:*", "*slow:*"])
+
+
+def test_a_multi_device_test_skips_on_a_backend_without_in_process_devices_naming_launch(pytester):
+    import xdevice
+
+    names = [name for name in ("numpy", "torch") if name in xdevice.backends()]
+    pytester.makeini("[pytest]\nxdevice_cpu_devices = 2\n")
+    pytester.makepyfile(
+        test_user="""
+import pytest
+from xdevice import Trainer, models
+
+@pytest.mark.multi_device
+def test_two_devices(backend):
+    model = models.build("mlp", backend=backend.name, hidden=[4], inputs=6, classes=2, seed=0)
+    Trainer(model, devices=["cpu:0", "cpu:1"])
+"""
+    )
+    result = pytester.runpytest("-rs", f"--xdevice-backends={','.join(names)}")
+    result.assert_outcomes(skipped=len(names))
+    result.stdout.fnmatch_lines(["*NumPy has no in-process virtual devices*"])
+    if "torch" in names:
+        result.stdout.fnmatch_lines(
+            ["*PyTorch has no in-process virtual devices*`xdevice launch --nproc-per-node N your_script.py`*"]
+        )

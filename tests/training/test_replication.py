@@ -78,19 +78,49 @@ def test_each_replica_lives_on_the_device_it_was_given(backend):
 
 
 @pytest.mark.multi_device
-def test_a_batch_that_does_not_split_evenly(backend):
+def test_a_batch_that_does_not_split_evenly_trains_as_on_one_device(backend):
     name = replicating(backend)
-    devices = ["cpu:0", "cpu:1", "cpu:2"]
-    if name == "jax":  # one sharded array: JAX needs equal shards and says how to get them
-        with pytest.raises(ConfigurationError, match="multiple of 3"):
-            train(name, devices, batch_size=16)
-        return
-    one_losses, _ = train(name, None)  # TF gives replicas 6, 5 and 5 rows, weighted by their share
-    np.testing.assert_allclose(train(name, devices, batch_size=16)[0], one_losses, rtol=1e-5, atol=1e-6)
+    # TF gives replicas 6, 5 and 5 rows, weighted by their share; JAX pads to 18 and scores the 16
+    one_losses, one_params = train(name, None)
+    many_losses, many_params = train(name, ["cpu:0", "cpu:1", "cpu:2"], batch_size=16)
+    np.testing.assert_allclose(many_losses, one_losses, rtol=1e-5, atol=1e-6)
+    for key, value in one_params.items():
+        np.testing.assert_allclose(many_params[key], value, rtol=1e-5, atol=1e-6, err_msg=key)
+
+
+def fit_rows(name: str, devices, rows: int = 1347):
+    model = models.build("mlp", backend=name, **SPEC)
+    return xdevice.fit(model, data(rows), devices=devices, epochs=2, batch_size=64, lr=0.01, verbose=0)
+
+
+@pytest.mark.multi_device
+def test_an_odd_number_of_rows_trains_on_two_devices_as_on_one(backend):
+    name = replicating(backend)
+    one, two = fit_rows(name, None), fit_rows(name, ["cpu:0", "cpu:1"])  # 1,347 rows: the last batch 3
+    np.testing.assert_allclose(two["loss"], one["loss"], rtol=1e-5)
+    np.testing.assert_allclose(two.steps, one.steps, rtol=1e-5)
+
+
+@pytest.mark.multi_device
+def test_a_model_trained_on_two_devices_runs_and_evaluates_afterwards(backend):
+    name = replicating(backend)
+    one, two = fit_rows(name, None), fit_rows(name, ["cpu:0", "cpu:1"])
+    x, y = data(64)
+    outputs = backend.ops.to_numpy(two.model(x))  # on the model's one device, as its repr says
+    np.testing.assert_allclose(outputs, backend.ops.to_numpy(one.model(x)), rtol=1e-5, atol=1e-6)
+    evaluated, expected = Trainer(two.model).evaluate((x, y)), Trainer(one.model).evaluate((x, y))
+    assert evaluated == pytest.approx(expected, rel=1e-5)
 
 
 def test_a_backend_that_cannot_replicate_in_one_process_says_which_can(backend):
     if backend.supports_replication:
         pytest.skip(f"{backend.name} replicates")
-    with pytest.raises(ConfigurationError, match="data-parallel replication"):
+    with pytest.raises(ConfigurationError, match="data-parallel replication") as caught:
         Trainer(models.build("mlp", backend=backend.name, **SPEC), devices=["cpu:0", "cpu:1"])
+    text = str(caught.value)
+    assert "backends=[...]" not in text  # Trainer has no backends=: the advice names what exists
+    if backend.supports_processes:  # PyTorch: the launcher runs one replica per process
+        assert "`xdevice launch --nproc-per-node 2 your_script.py`" in text
+        assert "leave devices= out" in text
+    else:
+        assert "train on one device" in text

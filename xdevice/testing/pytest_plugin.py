@@ -8,7 +8,8 @@ framework unless a test asks for one.
 - ``device``: parametrised over ``--xdevice-devices`` (default ``cpu``; ``auto`` adds
   ``gpu:0`` when the machine has one). A backend that lacks the device skips, saying so.
 - Markers: ``gpu`` (skipped without an NVIDIA GPU), ``multi_device`` (runs on virtual CPU
-  devices), ``slow``.
+  devices; skipped, saying why, for a ``backend`` with one CPU device per process: PyTorch
+  replicates only across the processes ``xdevice launch --nproc-per-node N`` starts), ``slow``.
 - ini ``xdevice_cpu_devices = N``: ``xdevice.configure(cpu_devices=N)`` for the selected
   backends before any test runs, so multi-device tests have devices to use.
 """
@@ -109,6 +110,27 @@ def device(request: pytest.FixtureRequest):
             pytest.skip(f"{name} does not see {wanted} (it sees {', '.join(map(str, present))})")
         return present[present.index(wanted)]
     return xdevice.find(wanted)
+
+
+@pytest.hookimpl(tryfirst=True)  # before the fixtures are set up
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """A ``multi_device`` test on a backend with one CPU device per process skips, saying why."""
+    if item.get_closest_marker("multi_device") is None:
+        return
+    callspec = getattr(item, "callspec", None)
+    name = callspec.params.get("backend") if callspec is not None else None
+    if not isinstance(name, str):
+        return  # no backend fixture: the test picks its frameworks itself
+    engine = xdevice.backend(name)
+    if engine.supports_virtual_devices:
+        return
+    reason = f"{engine.title} has no in-process virtual devices, so a multi_device test cannot run on {name}"
+    if engine.supports_processes:
+        reason += (
+            "; it replicates across processes: run the same training without devices= "
+            "under `xdevice launch --nproc-per-node N your_script.py`"
+        )
+    pytest.skip(reason)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

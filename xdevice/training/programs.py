@@ -29,7 +29,7 @@ __all__ = ["PRECISIONS", "Program", "program", "staged"]
 
 _TRAINABLE = (
     "a zoo model, a model imported with from_onnx, a torch.nn.Module, a keras.Model / tf.Module, "
-    "or a JAX (apply, params) pair"
+    "a flax.nnx or equinox module, or a JAX (apply, params) pair with any pytree of params"
 )
 
 

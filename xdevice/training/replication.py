@@ -18,6 +18,7 @@ from typing import Any
 
 from xdevice import _registry
 from xdevice._discovery import find
+from xdevice._errors import ConfigurationError, message
 from xdevice._processes import launched
 from xdevice.backends.training import Replicas
 
@@ -42,6 +43,25 @@ def replicate(devices: Sequence[Any] | None = None, *, backend: str) -> Replicas
         return engine.process_replicas()
     if devices is not None and len(devices) > 1:
         # before the devices are looked up: "torch cannot", not "there is no cpu:1"
-        engine.require("supports_replication", "data-parallel replication in one process")
+        if not engine.supports_replication:
+            raise ConfigurationError(_no_replication(engine, list(devices)))
         return engine.replicas([find(d, backend=backend) for d in devices])
     return Replicas(engine)
+
+
+def _no_replication(engine: Any, devices: list[Any]) -> str:
+    """Why ``engine`` cannot take several devices in one process, and the way that works."""
+    able = [b.title for b in _registry.loaded_backends() if b.supports_replication]
+    elsewhere = f", or build the model with {' or '.join(able)}, which replicate in one process" if able else ""
+    if engine.supports_processes:  # PyTorch: one replica per process, started by the launcher
+        fix = (
+            f"leave devices= out and run the same script under "
+            f"`xdevice launch --nproc-per-node {len(devices)} your_script.py` (each process one replica){elsewhere}"
+        )
+    else:
+        fix = f"train on one device (leave devices= out){elsewhere}"
+    return message(
+        f"{engine.title} cannot do data-parallel replication in one process (devices=[...] with several devices)",
+        received=[str(d) for d in devices],
+        fix=fix,
+    )

@@ -195,6 +195,7 @@ class Trainer:
 
         def objective(p):
             out, new_buffers = program.forward(p, buffers, x, True)
+            out = self._real_rows(out, y)
             loss = ops.multiply(self.loss(ops, out, y), weight)
             return (loss if scale is None else ops.multiply(loss, scale)), (new_buffers, out, loss)
 
@@ -204,6 +205,14 @@ class Trainer:
             grads = {k: ops.multiply(g, ops.cast(inverse, ops.dtype(g))) for k, g in grads.items()}
         metrics = {k: replicas.sum(ops.multiply(f(ops, out, y), weight)) for k, f in self.metrics.items()}
         return buffers, grads, replicas.sum(loss), metrics
+
+    def _real_rows(self, out: Any, y: Any) -> Any:
+        """The outputs of the batch's real rows: replicas may pad a batch that does not split
+        evenly over the devices (JAX's mesh), keeping the targets' rows as they are."""
+        if self.replicas.count == 1 or not (hasattr(out, "shape") and hasattr(y, "shape")):
+            return out
+        rows = self.ops.shape(y)[0]
+        return out[:rows] if isinstance(rows, int) and self.ops.shape(out)[0] > rows else out
 
     def _apply(self, params, state, grads, lr):
         """The optimizer's step on ``grads`` (clipped); float16 skips a step with an inf or NaN
@@ -413,8 +422,23 @@ class Trainer:
             self.save(checkpoint_dir)
         for callback in callbacks:
             callback.on_fit_end(self)
-        self.history.model = self.program.result()
+        self.history.model = self._handed_back()
         return self.history
+
+    def _handed_back(self) -> Any:
+        """The trained object with its arrays on the model's one device: replicas whose params
+        span the devices (JAX's mesh) gather them, so the model runs outside the trainer; the
+        trainer keeps the replicated copies for the next step."""
+        p, gather = self.program, getattr(self.replicas, "gather", None)  # only engines that need it
+        if gather is None:
+            return p.result()
+        kept = p.params, p.buffers
+        p.params, p.buffers = gather(p.params, p.device), gather(p.buffers, p.device)
+        try:
+            p.write_back()
+            return p.result()
+        finally:
+            p.params, p.buffers = kept
 
     def _record(
         self, done: tuple[float, dict[str, float], int], sums: dict[str, float], callbacks: list[Callback]
@@ -452,7 +476,7 @@ class Trainer:
     @property
     def model(self) -> Any:
         """The trained object: the user's own (trained in place), or a new JAX pair."""
-        return self.program.result()
+        return self._handed_back()
 
     # -- checkpoints ----------------------------------------------------------------------
 
