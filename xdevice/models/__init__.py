@@ -25,7 +25,7 @@ Layouts, the same everywhere (and what ``to_native`` translates for each framewo
 (2, 10)
 """
 
-from xdevice.models._model import NAMES, Model, build, definition, describe, load
+from xdevice.models._model import NAMES, PRETRAINED, Model, build, definition, describe, load
 from xdevice.models._native import from_native, to_native
 
-__all__ = ["NAMES", "Model", "build", "definition", "describe", "from_native", "load", "to_native"]
+__all__ = ["NAMES", "PRETRAINED", "Model", "build", "definition", "describe", "from_native", "load", "to_native"]

@@ -19,17 +19,22 @@ from xdevice._discovery import find
 from xdevice._errors import ConfigurationError, ConversionError, message
 from xdevice.models._fit import build_call, check_input, input_dtype, literal, lossless, takes_tokens
 
-__all__ = ["NAMES", "Model", "build", "describe", "load", "definition"]
+__all__ = ["NAMES", "PRETRAINED", "Model", "build", "describe", "load", "definition"]
 
-#: The reference models, in the order they are shown.
+#: The small reference models (CIFAR/MNIST-sized), in the order they are shown.
 NAMES = ("mlp", "cnn", "resnet", "lstm", "transformer")
+#: The real-scale architectures: default configuration the real one, weights from a
+#: transformers ``save_pretrained`` folder (``build(name, weights=folder)``).
+PRETRAINED = ("resnet50", "vit", "bert", "gpt2", "llama")
 _FORMAT = "xdevice.model/1"
 
 
 def definition(name: str):
     """The module that defines zoo model ``name`` (DEFAULTS, parameters, apply, example_input)."""
-    if name not in NAMES:
-        raise ConfigurationError(message("Unknown model", expected="a zoo model name", received=name, choices=NAMES))
+    if name not in NAMES + PRETRAINED:
+        raise ConfigurationError(
+            message("Unknown model", expected="a zoo model name", received=name, choices=NAMES + PRETRAINED)
+        )
     return importlib.import_module(f"xdevice.models.{name}")
 
 
@@ -64,7 +69,7 @@ class Model:
         """``apply(ops, params, x, train=False)``: the pure function, spec already bound."""
         return functools.partial(definition(self.name).apply, spec=self.spec)
 
-    def __call__(self, x: Any, train: bool = False) -> Any:
+    def __call__(self, x: Any, train: bool = False, **inputs: Any) -> Any:
         """The model's output for ``x`` (numpy or the backend's array); with ``train=True``,
         ``(output, updated buffers)`` (batch statistics are used and the buffers are not
         changed in place: assign them if you want them kept).
@@ -86,7 +91,51 @@ class Model:
         if not tokens and lossless(input_dtype(x, self.ops), weights):
             x = self.ops.cast(self.ops.asarray(x), weights)
         self.check_input(x)
-        return self.apply(self.ops, self.params, backend.to_device(self.ops.asarray(x), self.device), train=train)
+        extra = {key: backend.to_device(self.ops.asarray(value), self.device) for key, value in inputs.items()}
+        self._check_inputs(extra)
+        return self.apply(
+            self.ops, self.params, backend.to_device(self.ops.asarray(x), self.device), train=train, **extra
+        )
+
+    def _check_inputs(self, inputs: dict[str, Any]) -> None:
+        """Keyword inputs besides ``x`` (``attention_mask``) are the ones the definition names."""
+        known = getattr(definition(self.name), "INPUTS", ())
+        unknown = sorted(set(inputs) - set(known))
+        if unknown:
+            raise ConfigurationError(
+                message(
+                    f"Zoo model {self.name!r} takes no input {unknown[0]!r}",
+                    expected=f"x and {', '.join(known)}" if known else "x only",
+                    received=unknown,
+                    choices=list(known) or None,
+                )
+            )
+
+    def generate(self, ids: Any, max_new_tokens: int = 20, attention_mask: Any = None) -> Any:
+        """Greedy generation with a key/value cache (``gpt2``, ``llama``): ``ids`` followed by
+        ``max_new_tokens`` new tokens, as transformers' ``generate(do_sample=False)`` gives them.
+        See ``xdevice.models._generate``."""
+        from xdevice.models._generate import generate
+
+        return generate(self, ids, max_new_tokens=max_new_tokens, attention_mask=attention_mask)
+
+    def save_pretrained(self, path: str | os.PathLike) -> None:
+        """Write a transformers folder (``config.json`` and ``model.safetensors``) that the
+        mirrored class's ``from_pretrained`` loads to the same outputs (real-scale models)."""
+        module = definition(self.name)
+        if not hasattr(module, "to_transformers"):
+            raise ConfigurationError(
+                message(
+                    f"Zoo model {self.name!r} has no transformers counterpart",
+                    expected=f"one of {list(PRETRAINED)}",
+                    received=self.name,
+                    fix="Model.save(path) writes xdevice's own safetensors file",
+                )
+            )
+        from xdevice.models import _pretrained
+
+        config, tensors = module.to_transformers(self.numpy_params(), self.spec)
+        _pretrained.write(path, config, tensors)
 
     def check_input(self, x: Any) -> None:
         """Check that this model takes ``x`` (numpy or a backend's array): its rows' shape and
@@ -156,7 +205,13 @@ class Model:
 
 
 def build(
-    name: str, backend: str = "numpy", device: Any = "cpu", seed: int = 0, dtype: str = "float32", **spec: Any
+    name: str,
+    backend: str = "numpy",
+    device: Any = "cpu",
+    seed: int = 0,
+    dtype: str = "float32",
+    weights: str | os.PathLike | None = None,
+    **spec: Any,
 ) -> Model:
     """A zoo model with weights drawn from ``seed``, on ``backend`` and ``device``.
 
@@ -167,6 +222,8 @@ def build(
         backend, device: where it runs.
         seed: the numpy seed for every weight.
         dtype: the float dtype of the weights.
+        weights: a transformers ``save_pretrained`` folder for a real-scale model (``PRETRAINED``):
+            the spec comes from its ``config.json``, the weights from its safetensors.
         **spec: hyper-parameters overriding the definition's ``DEFAULTS``.
 
     >>> model = build("mlp", hidden=[16], seed=0)
@@ -174,6 +231,8 @@ def build(
     (2, 10)
     """
     module = definition(name)
+    if weights is not None:
+        return _from_transformers(name, module, weights, backend, device, dtype, spec)
     unknown = sorted(set(spec) - set(module.DEFAULTS))
     if unknown:
         raise ConfigurationError(
@@ -185,6 +244,54 @@ def build(
     from xdevice.models._init import initialise
 
     return _place(name, full, initialise(module.parameters(full), seed), backend, device, dtype)
+
+
+def _from_transformers(name: str, module: Any, path: Any, backend: str, device: Any, dtype: str, spec: dict) -> Model:
+    if not hasattr(module, "params_from_transformers"):
+        raise ConfigurationError(
+            message(
+                f"Zoo model {name!r} loads no transformers checkpoint",
+                expected=f"one of {list(PRETRAINED)}",
+                received=name,
+                fix="models.load(path) reads a file written by Model.save",
+            )
+        )
+    if spec:
+        raise ConfigurationError(
+            message(
+                "With weights=, the configuration comes from the folder's config.json",
+                received=sorted(spec),
+                fix="leave the hyper-parameters out, or edit config.json",
+            )
+        )
+    from xdevice.models import _pretrained
+
+    config, tensors = _pretrained.read(path)
+    found = config.get("architectures") or [config.get("model_type")]
+    if module.TRANSFORMERS_CLASS not in found and config.get("model_type") != module.MODEL_TYPE:
+        raise ConversionError(
+            message(
+                f"The folder does not hold the architecture {name!r} mirrors",
+                expected=f"{module.TRANSFORMERS_CLASS} (model_type {module.MODEL_TYPE!r})",
+                received=f"{found} (model_type {config.get('model_type')!r})",
+                choices=[each for each in PRETRAINED if definition(each).MODEL_TYPE == config.get("model_type")]
+                or None,
+            )
+        )
+    full = {**module.DEFAULTS, **module.spec_from_config(config)}
+    arrays = module.params_from_transformers(tensors, full)
+    table = module.parameters(full)
+    missing = [key for key in table if key not in arrays]
+    wrong = [key for key in table if key in arrays and tuple(arrays[key].shape) != table[key].shape]
+    if missing or wrong:
+        raise ConversionError(
+            message(
+                "The checkpoint's tensors do not match its config.json",
+                expected=f"{len(table)} tensors of the shapes the config implies",
+                received=f"missing {missing[:3]}, wrong shape {wrong[:3]}",
+            )
+        )
+    return _place(name, full, arrays, backend, device, dtype)
 
 
 def describe(name: str | None = None) -> str:
