@@ -690,6 +690,9 @@ def _scan_time(step, projected: torch.Tensor, state: tuple, weights: tuple) -> t
     from torch._higher_order_ops.scan import scan_op
 
     count = len(state)
+    # the same tensor twice as initial state (the zoo LSTM's h and c are one zeros): scan's
+    # carries may not alias each other, so the repeat is a copy
+    state = tuple(s.clone() if any(s is seen for seen in state[:i]) else s for i, s in enumerate(state))
 
     def combine(*args):
         new = step(args[count], args[:count], *args[count + 1 :])
