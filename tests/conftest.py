@@ -21,3 +21,18 @@ def run_python():
         )
 
     return run
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """``@pytest.mark.realworld_on("jax", "tensorflow")``: the test runs in ``make test`` on the
+    other backends and joins the longer sets (``realworld``, ``make test-models``) on these,
+    where it costs most (JAX's first compile of every op, TensorFlow's tracing). A case of the
+    ``backend`` fixture is matched by its backend's name, any other case by its id's parts."""
+    for item in items:
+        marker = item.get_closest_marker("realworld_on")
+        callspec = getattr(item, "callspec", None)
+        if marker is None or callspec is None:
+            continue
+        parts = set(callspec.id.split("-")) | {str(callspec.params.get("backend", ""))}
+        if parts & set(marker.args):
+            item.add_marker(pytest.mark.realworld)

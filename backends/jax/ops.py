@@ -5,8 +5,8 @@ value, so each op works under ``jax.jit`` and ``jax.grad``. Padding, pooling cou
 slice bounds are computed in Python with the numpy reference's own helpers, so the two
 backends cannot drift apart. Without x64, JAX has no 64-bit types: int64 and float64 name
 int32 and float32, and ``dtype`` reports what an array really holds. Composites with a
-native JAX form are overridden: the softmax family, ``rsqrt``, ``softplus``, and the
-recurrent layers as one ``lax.scan`` over time.
+native JAX form are overridden: the softmax family, ``rsqrt``, ``softplus``, attention
+(``jax.nn.dot_product_attention``), and the recurrent layers as one ``lax.scan`` over time.
 """
 
 from __future__ import annotations
@@ -299,6 +299,43 @@ class JaxOps(Ops):
     @float32_inside
     def log_softmax(self, x: Array, axis: int = -1) -> Array:
         return jax.nn.log_softmax(x, axis=axis)
+
+    def attention(self, q: Array, k: Array, v: Array, mask: Array | None = None, scale: float | None = None) -> Array:
+        # jax.nn.dot_product_attention, JAX's one entry to its fused kernels, in its (B, T, N, H)
+        # layout: the op's (B, N, T, H) heads swapped in and out (XLA folds the transposes into
+        # the dots under jit); a (B, T, H) input gets a head axis. It runs the logits in
+        # float32; for float16 it asks dot_general for F16_F16_F32, which XLA:CPU refuses under
+        # jit, so float16 stays with the composite, as do shapes it does not take (other ranks,
+        # a broadcast batch or heads, v's own depth, a mask that widens the output).
+        q, k, v = jnp.asarray(q), jnp.asarray(k), jnp.asarray(v)
+        if (
+            q.ndim not in (3, 4)
+            or not q.shape[:-2] == k.shape[:-2] == v.shape[:-2]
+            or k.shape != v.shape
+            or q.shape[-1] != k.shape[-1]
+            or not q.dtype == k.dtype == v.dtype
+            or q.dtype not in (jnp.float32, jnp.bfloat16)
+        ):
+            return super().attention(q, k, v, mask, scale)
+        if mask is not None:
+            mask = jnp.asarray(mask, bool)
+            scores = (*q.shape[:-1], k.shape[-2])
+            if mask.ndim > len(scores) or any(  # sizes may be symbolic (an export's batch)
+                not (isinstance(m, int) and m == 1) and m is not s and m != s
+                for m, s in zip(reversed(mask.shape), reversed(scores))
+            ):
+                return super().attention(q, k, v, mask, scale)
+            # A fully masked row attends uniformly with no gradient to q or k, as the reference:
+            # a zero query with every key allowed is exactly that. XLA's kernel would give it
+            # anyway, but jax2onnx lowers the call to a softmax renormalised over the allowed
+            # keys, which gives such a row zeros.
+            attends = jnp.any(mask, axis=-1, keepdims=True)
+            q, mask = jnp.where(attends, q, jnp.zeros((), q.dtype)), mask | ~attends
+            if q.ndim == 3 and mask.ndim >= 2:  # broadcastable to (B, T, S): heads go in before T
+                mask = jnp.expand_dims(mask, -3)
+        heads = (lambda x: jnp.swapaxes(x, -3, -2)) if q.ndim == 4 else (lambda x: jnp.expand_dims(x, -2))
+        out = jax.nn.dot_product_attention(heads(q), heads(k), heads(v), mask=mask, scale=scale)
+        return jnp.swapaxes(out, -3, -2) if q.ndim == 4 else jnp.squeeze(out, -2)
 
     # -- shape ----------------------------------------------------------------------------
 

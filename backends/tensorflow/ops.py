@@ -831,6 +831,11 @@ class TensorflowOps(Ops):
         return self.batch_norm(x, scale, offset, mean, var, eps), mean, var
 
     def attention(self, q: Array, k: Array, v: Array, mask: Array | None = None, scale: float | None = None) -> Array:
+        # The composite in TensorFlow's own ops: TensorFlow has no fused attention kernel.
+        # Keras 3's ops.dot_product_attention on its TensorFlow backend is this same
+        # matmul-softmax-matmul (it refuses flash_attention=True), in the (B, T, N, H) layout
+        # with two more transposes and a mask widened to the logits' shape; and reaching it
+        # without switching the global Keras backend takes keras.src's private module.
         q, k, v = map(_tensor, (q, k, v))
         scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
         scores = tf.linalg.matmul(q, k, transpose_b=True) * tf.constant(scale, q.dtype)

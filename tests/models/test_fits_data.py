@@ -140,7 +140,7 @@ def test_describe_lists_every_hyper_parameter_with_its_default(name):
 
 def test_describe_without_a_name_shows_the_whole_zoo():
     text = models.describe()
-    assert [line.split(":")[0] for line in text.split("\n\n")] == list(models.NAMES)
+    assert [line.split(":")[0] for line in text.split("\n\n")] == [*models.NAMES, *models.PRETRAINED]
 
 
 def test_describe_refuses_an_unknown_name_with_the_choices():

@@ -243,3 +243,15 @@ def test_float64_input_to_a_frameworks_own_model_is_refused_as_a_zoo_models_is(b
         r"x does not have the dtype of the model's parameters\. Expected float32\. Received: 'float64\[40, 6\]'\. "
         r"Fix: x\.astype\('float32'\)",
     )
+
+
+def test_a_language_model_takes_one_label_per_position_and_a_label_past_its_vocabulary_is_refused():
+    from xdevice.training.targets import Rules
+
+    rules = Rules("cross_entropy", outputs=11, shape=(5, 11), build="gpt2")  # (tokens, vocab) per row
+    ids = np.random.default_rng(0).integers(0, 11, size=(3, 5))
+    assert rules.check(ids, ids)[1] is ids  # (rows, tokens) labels under (rows, tokens, vocab) logits
+    with pytest.raises(ConfigurationError, match=r"in 1 of 3 rows: \[11\].*models.build\('gpt2', vocab=12\)"):
+        rules.check(ids, np.where(np.arange(5) == 2, ids, 0) + (np.arange(3)[:, None] == 1) * 11 * (np.arange(5) == 4))
+    with pytest.raises(ConfigurationError, match="does not have the shape of class labels"):
+        rules.check(ids, ids[:, :4])  # one label short of the positions

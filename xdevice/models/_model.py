@@ -307,7 +307,7 @@ def describe(name: str | None = None) -> str:
     ...
     """
     if name is None:
-        return "\n\n".join(describe(each) for each in NAMES)
+        return "\n\n".join(describe(each) for each in NAMES + PRETRAINED)
     module = definition(name)
     import numpy as np
 

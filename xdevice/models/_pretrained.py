@@ -84,7 +84,7 @@ def write(path: str | os.PathLike, config: dict[str, Any], tensors: dict[str, np
     folder = Path(path)
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
-    arrays = {key: np.ascontiguousarray(value) for key, value in tensors.items()}
+    arrays = {key: np.ascontiguousarray(value).reshape(np.shape(value)) for key, value in tensors.items()}
     save_file(arrays, str(folder / _SINGLE), metadata={"format": "pt"})
 
 

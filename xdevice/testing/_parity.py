@@ -209,7 +209,9 @@ def parity(
             "where float32 rounding may legitimately flip a gradient: try other inputs"
         )
     )
-    labels = np.random.default_rng(seed + 1).integers(0, model.spec["classes"], size=x.shape[0])
+    # one label per output row: (rows,) for a classifier, (rows, tokens) for a language model
+    shape = np.shape(reference(x))
+    labels = np.random.default_rng(seed + 1).integers(0, shape[-1], size=shape[:-1])
     expected = _zoo_tensors(reference, x, labels, grads)
     report = ParityReport(dtype=dtype)
     for name in names:
@@ -257,7 +259,8 @@ def _zoo_tensors(model: Model, x: Any, labels: Any, grads: bool) -> dict[str, An
 
         def loss(trainable: dict[str, Any]) -> Any:
             logits, _ = model.apply(ops, {**fixed, **trainable}, inputs, train=True)
-            return ops.cross_entropy(logits, target)
+            width = ops.shape(logits)[-1]
+            return ops.cross_entropy(ops.reshape(logits, (-1, width)), ops.reshape(target, (-1,)))
 
         value, gradients = backend.value_and_grad(loss, {k: model.params[k] for k in model.trainable})
         out["loss"] = ops.to_numpy(value)

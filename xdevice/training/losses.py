@@ -4,7 +4,8 @@ A loss is ``loss(ops, outputs, targets) -> scalar``; a metric has the same shape
 your own callables are accepted:
 
 - ``"cross_entropy"``: one output per class; integer labels ``(N,)``, or probabilities
-  ``(N, classes)`` (one-hot or soft labels: the soft-label cross-entropy);
+  ``(N, classes)`` (one-hot or soft labels: the soft-label cross-entropy); a language model's
+  ``(N, T, vocab)`` logits take one label per position, ``(N, T)``;
 - ``"binary_cross_entropy"`` (``"bce"``): one output, a logit; 0/1 or probability targets
   (several outputs with one target column each: multi-label);
 - ``"mse"``: mean squared error, for regression.
@@ -46,10 +47,15 @@ __all__ = [
 
 
 def cross_entropy(ops: Any, logits: Any, targets: Any) -> Any:
-    """Mean negative log-likelihood of integer labels ``(N,)`` under ``logits`` ``(N, classes)``;
+    """Mean negative log-likelihood of integer labels ``(N,)`` under ``logits`` ``(N, classes)``
+    (or one label per position, ``(N, T)`` under ``(N, T, classes)``: a language model's);
     targets of the logits' rank are probabilities (one-hot or soft labels), and the loss is
     ``-sum(targets * log_softmax(logits))`` averaged over rows."""
-    if len(ops.shape(targets)) != len(ops.shape(logits)):
+    rank = len(ops.shape(logits))
+    if len(ops.shape(targets)) != rank:
+        if rank > 2:  # a label per position, (N, T) under (N, T, classes): every position counts once
+            width = ops.shape(logits)[-1]
+            return ops.cross_entropy(ops.reshape(logits, (-1, width)), ops.reshape(targets, (-1,)))
         return ops.cross_entropy(logits, targets)
     log_p = ops.log_softmax(logits, axis=-1)
     return ops.negative(ops.mean(ops.sum(ops.multiply(ops.cast(targets, ops.dtype(log_p)), log_p), axis=-1)))

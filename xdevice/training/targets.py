@@ -147,7 +147,10 @@ class Rules:
 
     def _labels(self, y: np.ndarray, name: str) -> np.ndarray:
         classes = self.outputs
-        if y.ndim == 2 and y.shape[1] == 1:
+        positions = tuple(self.shape[:-1]) if self.shape is not None else ()  # a language model's (tokens,)
+        # one label per position: (rows, tokens) under (rows, tokens, vocab) logits
+        per_position = bool(positions) and y.shape[1:] == positions
+        if not per_position and y.ndim == 2 and y.shape[1] == 1:
             if not self.noted:
                 self.noted = True
                 warnings.warn(
@@ -156,9 +159,9 @@ class Rules:
                     stacklevel=2,
                 )
             y = y[:, 0]
-        elif y.ndim == 2 and y.shape[1] > 1 and (classes is None or y.shape[1] == classes):
+        elif not per_position and y.ndim == 2 and y.shape[1] > 1 and (classes is None or y.shape[1] == classes):
             return self._probabilities(y, name)
-        if y.ndim != 1:
+        if y.ndim != 1 and not per_position:
             width = classes if classes is not None else "classes"
             raise ConfigurationError(
                 message(
@@ -203,7 +206,8 @@ class Rules:
             return f"drop the rows whose label is negative (often 'no label'): keep = {name} >= 0; or {renumber}"
         if int(y.min()) == 1 and top == self.outputs:
             return f"{name} - 1: the labels count from 1"
-        wider = f"models.build({self.build!r}, classes={top + 1})" if self.build else f"a model with {top + 1} outputs"
+        size = "vocab" if self.shape is not None and len(self.shape) > 1 else "classes"  # a language model's
+        wider = f"models.build({self.build!r}, {size}={top + 1})" if self.build else f"a model with {top + 1} outputs"
         return f"{wider} for labels 0..{top}; or {renumber}"
 
     def _probabilities(self, y: np.ndarray, name: str) -> np.ndarray:
