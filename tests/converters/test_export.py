@@ -41,7 +41,10 @@ def _run(*args):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.realworld_on("jax")  # jax2onnx is the slowest exporter: make test-models
+@pytest.mark.parametrize(
+    "name", [n if n in ("mlp", "lstm") else pytest.param(n, marks=pytest.mark.realworld) for n in NAMES]
+)
 def test_every_zoo_model_exports_checks_and_verifies_with_a_dynamic_batch(exporter, name, tmp_path):
     import onnx
     import onnxruntime
@@ -222,6 +225,7 @@ def test_importing_the_converters_imports_no_framework(run_python):
 
 
 @pytest.mark.slow
+@pytest.mark.realworld_on("jax", "tensorflow")  # the command's printing is the same for every exporter
 def test_the_export_command_prints_the_opset_shapes_errors_and_time(exporter, tmp_path):
     out = tmp_path / "mlp.onnx"
     result = _run("export", "mlp", "--backend", exporter.name, "--output", str(out), "--batch", "3")

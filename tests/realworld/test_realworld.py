@@ -232,6 +232,7 @@ def import_gradients(backend, case, result, inputs: Inputs, weights: list, sourc
     return pairs, {k: ops.to_numpy(g) for k, g in grads.items()}
 
 
+@pytest.mark.realworld_on("jax")  # JAX's first compile of every op of the graph: make test-models
 @pytest.mark.parametrize("name", _params(CASES))
 def test_gradients_through_the_import_match_the_source(name, backend):
     """The gradient for the input and for every parameter the graph shares with the source,

@@ -133,7 +133,10 @@ def test_without_a_backend_that_provides_a_process_launcher_the_launch_says_whic
         arguments(str(script), [], 2)
 
 
-@pytest.mark.parametrize("framework, processes", [("torch", 2), ("torch", 3), ("jax", 2), ("tensorflow", 2)])
+@pytest.mark.parametrize(
+    "framework, processes",
+    [("torch", 2), pytest.param("torch", 3, marks=pytest.mark.realworld), ("jax", 2), ("tensorflow", 2)],
+)
 def test_launched_processes_train_exactly_as_one(tmp_path, framework, processes):
     """torch: DistributedDataParallel over gloo (2-4 processes; 3: uneven slices of 16 rows);
     JAX: jax.distributed with a Mesh over every process's CPU; TensorFlow:
@@ -269,7 +272,7 @@ UNSEEDED = textwrap.dedent("""
 """)
 
 
-@pytest.mark.parametrize("framework", ["torch", "tensorflow"])
+@pytest.mark.parametrize("framework", ["torch", pytest.param("tensorflow", marks=pytest.mark.realworld)])
 def test_processes_start_from_rank_zeros_weights_when_the_model_is_not_seeded(tmp_path, framework):
     """Each process draws its own initial weights; training starts them all from rank 0's (as DDP does)."""
     pytest.importorskip(framework)

@@ -1,0 +1,507 @@
+"""The real-scale zoo against the canonical implementations, side by side on each framework.
+
+For each model (``resnet50``, ``vit``, ``bert``, ``gpt2``, ``llama``) at batch 8, length 128
+(text) or 224x224 (images):
+
+- torch: the zoo model against transformers' class (``ResNetForImageClassification``,
+  ``ViTForImageClassification``, ``BertModel``, ``GPT2LMHeadModel``, ``LlamaForCausalLM``,
+  transformers' default attention, SDPA) loaded with the SAME weights (the zoo's
+  ``save_pretrained`` folder, read by ``from_pretrained``; outputs compared first);
+- jax and tensorflow: the zoo model against keras-hub's backbone of the same configuration
+  (random weights; a backbone stops before the head, so the same head matmul is added:
+  the tied vocabulary projection for gpt2 and llama, a classifier for the image models);
+  both sides compiled alike: ``jax.jit``, ``tf.function`` (no XLA on either side).
+
+Forward: inference (``no_grad`` / ``training=False``). Training step: forward in training
+mode, the same loss on both sides (cross-entropy on logits, mean square of BERT's hidden
+state), backward, and a plain SGD update of every trainable weight; dropout is 0 on both
+sides. xdevice's ``fit`` is not called per step (it sets up a whole loop), so both sides run
+the framework's own step. Greedy generation (gpt2): zoo ``generate`` against transformers'
+``generate(do_sample=False)`` on torch (tokens compared), and the zoo on JAX.
+
+Every framework runs in its own subprocess (Keras reads ``KERAS_BACKEND`` when it is first
+imported), pinned to ``--threads`` threads; the two sides take turns call by call; prints
+median (min-max) ms and the ratio zoo / canonical of the medians (with the per-round spread).
+A configuration smaller than the real one is marked ``REDUCED`` in the output. Run:
+
+    .venv/bin/python benchmarks/zoo_real.py [--models bert gpt2] [--frameworks torch jax]
+        [--size real|small] [--llama-layers 2] [--repeats 3] [--threads 1] [--no-train]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+
+import numpy as np
+from _timing import THREADS_HELP, cell, interleaved, pin_threads, ratio_cell
+
+MODELS = ("resnet50", "vit", "bert", "gpt2", "llama")
+FRAMEWORKS = ("torch", "jax", "tensorflow")
+BATCH, LENGTH = 8, 128
+IMAGES = ("resnet50", "vit")
+LANGUAGE = ("gpt2", "llama")  # logits over the vocabulary at every position
+HF_CLASS = {
+    "resnet50": "ResNetForImageClassification",
+    "vit": "ViTForImageClassification",
+    "bert": "BertModel",
+    "gpt2": "GPT2LMHeadModel",
+    "llama": "LlamaForCausalLM",
+}
+HF_NO_DROPOUT = {  # training steps compare the same math: no dropout on either side
+    "vit": {"hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0},
+    "bert": {"hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0},
+    "gpt2": {"resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0},
+    "llama": {"attention_dropout": 0.0},
+}
+LR = 1e-5
+
+
+# -- configurations and inputs, the same in every subprocess -----------------------------
+
+
+def spec_of(name: str, args: argparse.Namespace) -> tuple[dict, str]:
+    """The spec overrides for ``name`` and a note saying how it differs from the real one."""
+    from xdevice.models import definition
+
+    if args.size == "small":
+        return dict(definition(name).SMALL), "REDUCED: the small test configuration"
+    if name == "llama" and args.llama_layers:
+        return {"blocks": args.llama_layers}, f"REDUCED: {args.llama_layers} of Llama 3.2 1B's 16 blocks"
+    return {}, ""
+
+
+def inputs_of(name: str, spec: dict) -> dict[str, np.ndarray]:
+    """Batch 8: images NCHW float32 (and NHWC for Keras); token ids int32 with an attention mask
+    whose last row is padded for its last 16 tokens (so the mask does matter on both sides)."""
+    rng = np.random.default_rng(1)
+    if name in IMAGES:
+        c, h, w = spec["image"]
+        images = rng.standard_normal((BATCH, c, h, w)).astype(np.float32)
+        labels = rng.integers(0, spec["classes"], BATCH)
+        return {"x": images, "nhwc": images.transpose(0, 2, 3, 1).copy(), "labels": labels}
+    length = min(LENGTH, spec["length"])
+    ids = rng.integers(0, spec["vocab"], (BATCH, length)).astype(np.int32)
+    mask = np.ones((BATCH, length), np.int32)
+    mask[-1, length - length // 8 :] = 0
+    labels = ids if name in LANGUAGE else None
+    return {"x": ids, "mask": mask, "labels": labels}
+
+
+def zoo_model(name: str, backend: str, args: argparse.Namespace):
+    from xdevice import models
+
+    overrides, note = spec_of(name, args)
+    model = models.build(name, backend=backend, seed=0, **overrides)
+    return model, note
+
+
+def row(name: str, framework: str, canonical: str, fwd, train, note: str, same: str) -> None:
+    fwd_cells = (cell(fwd[0], "ms"), cell(fwd[1], "ms"), ratio_cell(*fwd)) if fwd else ("-",) * 3
+    train_cells = (cell(train[0], "ms"), cell(train[1], "ms"), ratio_cell(*train)) if train else ("-",) * 3
+    print(
+        f"{name:<9} {framework:<10} {canonical:<29} {fwd_cells[0]:>22} {fwd_cells[1]:>22} {fwd_cells[2]:>18} "
+        f"{train_cells[0]:>22} {train_cells[1]:>22} {train_cells[2]:>18}  {same}{'  ' + note if note else ''}",
+        flush=True,
+    )
+
+
+def header() -> None:
+    print(
+        f"{'model':<9} {'framework':<10} {'canonical':<29} {'zoo fwd ms':>22} {'canonical fwd ms':>22} "
+        f"{'fwd ratio':>18} {'zoo train ms':>22} {'canonical train ms':>22} {'train ratio':>18}  same output",
+        flush=True,
+    )
+
+
+def agreement(zoo_out: np.ndarray, canonical_out: np.ndarray) -> str:
+    err = float(np.linalg.norm(zoo_out - canonical_out) / max(np.linalg.norm(canonical_out), 1e-30))
+    return f"yes (rel {err:.1e})" if err <= 1e-4 else f"NO (rel {err:.1e})"
+
+
+def timed(sides: dict, args: argparse.Namespace) -> tuple[list[float], list[float]]:
+    times = interleaved(sides, samples=args.repeats, warmup=args.warmup, budget=args.budget)
+    return tuple(times.values())
+
+
+# -- torch: the zoo against transformers with the same weights ----------------------------
+
+
+def torch_worker(args: argparse.Namespace) -> None:
+    import torch
+    import transformers
+
+    from xdevice.models import definition
+
+    for name in args.models:
+        model, note = zoo_model(name, "torch", args)
+        spec, apply = model.spec, definition(name).apply
+        with tempfile.TemporaryDirectory() as folder:
+            model.save_pretrained(folder)
+            hf = getattr(transformers, HF_CLASS[name]).from_pretrained(folder, **HF_NO_DROPOUT.get(name, {}))
+        data = inputs_of(name, spec)
+        x = torch.as_tensor(data["x"])
+        extra = {} if name in IMAGES else {"attention_mask": torch.as_tensor(data["mask"])}
+        hf_in = {"pixel_values": x} if name in IMAGES else {"input_ids": x.long(), **extra}
+
+        def hf_out(out):
+            return out.last_hidden_state if name == "bert" else out.logits
+
+        def zoo_fwd():
+            with torch.no_grad():
+                return model(x, **extra)
+
+        def hf_fwd():
+            with torch.no_grad():
+                return hf_out(hf(**hf_in))
+
+        hf.eval()
+        same = agreement(zoo_fwd().numpy(), hf_fwd().numpy())
+        fwd = timed({"zoo": zoo_fwd, "canonical": hf_fwd}, args) if "forward" in args.measure else None
+
+        train = None
+        if "train" in args.measure:
+            labels = None if data["labels"] is None else torch.as_tensor(data["labels"]).long()
+
+            def loss_of(out):
+                if labels is None:
+                    return out.square().mean()
+                return torch.nn.functional.cross_entropy(out.reshape(-1, out.shape[-1]), labels.reshape(-1))
+
+            params = dict(model.params)
+            for key in model.trainable:
+                params[key] = params[key].detach().clone().requires_grad_(True)
+            zoo_opt = torch.optim.SGD([params[k] for k in model.trainable], lr=LR)
+            hf_opt = torch.optim.SGD(hf.parameters(), lr=LR)
+            hf.train()
+
+            def zoo_step():
+                zoo_opt.zero_grad(set_to_none=True)
+                out, _ = apply(model.ops, params, x, spec=spec, train=True, **extra)
+                loss_of(out).backward()
+                zoo_opt.step()
+
+            def hf_step():
+                hf_opt.zero_grad(set_to_none=True)
+                loss_of(hf_out(hf(**hf_in))).backward()
+                hf_opt.step()
+
+            train = timed({"zoo": zoo_step, "canonical": hf_step}, args)
+            hf.eval()
+        row(name, "torch", f"transformers {HF_CLASS[name]}", fwd, train, note, same)
+
+        if name == "gpt2" and "generate" in args.measure:
+            prompt = x[: args.gen_batch, : args.gen_prompt]
+            n = args.new_tokens
+            eos = spec["eos"] if isinstance(spec["eos"], int) else spec["eos"][0]
+            zoo_gen = lambda: model.generate(prompt, max_new_tokens=n)  # noqa: E731 - a timed side
+            hf_gen = lambda: hf.generate(  # noqa: E731 - a timed side
+                prompt.long(),
+                attention_mask=torch.ones_like(prompt),
+                max_new_tokens=n,
+                min_new_tokens=n,
+                do_sample=False,
+                pad_token_id=eos,
+            )
+            same_tokens = np.array_equal(np.asarray(zoo_gen()), hf_gen().numpy())
+            zoo_t, hf_t = timed({"zoo": zoo_gen, "canonical": hf_gen}, args)
+            generation_row("torch", "transformers generate", zoo_t, hf_t, args, same_tokens)
+
+
+def generation_row(framework, canonical, zoo_t, other_t, args, same_tokens) -> None:
+    tokens = args.gen_batch * args.new_tokens
+    rate = lambda ts: f"{tokens / np.median(ts):.1f} tok/s"  # noqa: E731
+    print(
+        f"gpt2 generate ({framework}; {args.gen_batch} x {args.gen_prompt}-token prompt, {args.new_tokens} new, "
+        f"greedy): zoo {rate(zoo_t)} [{cell(zoo_t, 'ms')} ms]"
+        + (
+            f", {canonical} {rate(other_t)} [{cell(other_t, 'ms')} ms], time ratio {ratio_cell(zoo_t, other_t)}, "
+            f"same tokens: {'yes' if same_tokens else 'NO'}"
+            if other_t
+            else ""
+        ),
+        flush=True,
+    )
+
+
+# -- JAX and TensorFlow: the zoo against keras-hub's backbones ----------------------------
+
+
+def keras_backbone(name: str, spec: dict):
+    """keras-hub's backbone of ``spec``'s configuration (random weights, dropout 0) and a
+    function from our input dict to its keyword-free input."""
+    import keras_hub
+
+    m = keras_hub.models
+    if name == "resnet50":
+        depth_strides = [1, 2, 2, 2]
+        backbone = m.ResNetBackbone(
+            input_conv_filters=[spec["stem"]],
+            input_conv_kernel_sizes=[7],
+            stackwise_num_filters=[w // 4 for w in spec["widths"]],
+            stackwise_num_blocks=spec["depths"],
+            stackwise_num_strides=depth_strides,
+            block_type="bottleneck_block",
+            use_pre_activation=False,
+            image_shape=(None, None, spec["image"][0]),
+        )
+        return backbone, lambda d: d["nhwc"], spec["widths"][-1], spec["classes"]
+    if name == "vit":
+        backbone = m.ViTBackbone(
+            image_shape=tuple(spec["image"][1:]) + (spec["image"][0],),
+            patch_size=spec["patch"],
+            num_layers=spec["layers"],
+            num_heads=spec["heads"],
+            hidden_dim=spec["width"],
+            mlp_dim=spec["mlp"],
+            layer_norm_epsilon=spec["eps"],
+        )
+        return backbone, lambda d: d["nhwc"], spec["width"], spec["classes"]
+    if name == "bert":
+        backbone = m.BertBackbone(
+            vocabulary_size=spec["vocab"],
+            num_layers=spec["layers"],
+            num_heads=spec["heads"],
+            hidden_dim=spec["width"],
+            intermediate_dim=spec["mlp"],
+            dropout=0.0,
+            max_sequence_length=spec["length"],
+            num_segments=spec["types"],
+        )
+        return (
+            backbone,
+            lambda d: {"token_ids": d["x"], "segment_ids": np.zeros_like(d["x"]), "padding_mask": d["mask"]},
+            None,
+            None,
+        )
+    if name == "gpt2":
+        backbone = m.GPT2Backbone(
+            vocabulary_size=spec["vocab"],
+            num_layers=spec["blocks"],
+            num_heads=spec["heads"],
+            hidden_dim=spec["width"],
+            intermediate_dim=spec["mlp"],
+            dropout=0.0,
+            max_sequence_length=spec["length"],
+        )
+    else:
+        backbone = m.LlamaBackbone(
+            vocabulary_size=spec["vocab"],
+            num_layers=spec["blocks"],
+            num_query_heads=spec["heads"],
+            hidden_dim=spec["width"],
+            intermediate_dim=spec["mlp"],
+            num_key_value_heads=spec["kv_heads"],
+            rope_max_wavelength=spec["rope_theta"],
+            layer_norm_epsilon=spec["eps"],
+            tie_word_embeddings=spec["tied"],
+        )
+    return backbone, lambda d: {"token_ids": d["x"], "padding_mask": d["mask"]}, None, None
+
+
+def keras_output(name: str, out, head):
+    """The backbone's output carried to the zoo's: logits through the same head matmul."""
+    if name == "bert":
+        return out["sequence_output"]
+    if name == "resnet50":
+        return out.mean(axis=(1, 2)) @ head
+    if name == "vit":
+        return out[:, 0] @ head
+    return out @ head  # gpt2, llama: the tied projection, embedding transposed
+
+
+def jax_worker(args: argparse.Namespace) -> None:
+    import jax
+    import jax.numpy as jnp
+
+    from xdevice.models import definition
+
+    for name in args.models:
+        model, note = zoo_model(name, "jax", args)
+        spec, apply, ops = model.spec, definition(name).apply, model.ops
+        data = inputs_of(name, spec)
+        backbone, keras_in, features, classes = keras_backbone(name, spec)
+        head = jnp.asarray(head_of(name, spec, features, classes))
+        x = jnp.asarray(data["x"])
+        extra = {} if name in IMAGES else {"attention_mask": jnp.asarray(data["mask"])}
+        k_in = jax.tree_util.tree_map(jnp.asarray, keras_in(data))
+        tv = [v.value for v in backbone.trainable_variables]
+        ntv = [v.value for v in backbone.non_trainable_variables]
+        zoo_f = jax.jit(lambda p, x, extra: apply(ops, p, x, spec=spec, **extra))
+        keras_f = jax.jit(lambda tv, ntv, inp, head: keras_output(name, backbone.stateless_call(tv, ntv, inp)[0], head))
+        params = dict(model.params)
+        zoo_fwd = lambda: zoo_f(params, x, extra).block_until_ready()  # noqa: E731
+        keras_fwd = lambda: keras_f(tv, ntv, k_in, head).block_until_ready()  # noqa: E731
+        shape_ok = zoo_fwd().shape == keras_fwd().shape
+        fwd = timed({"zoo": zoo_fwd, "canonical": keras_fwd}, args) if "forward" in args.measure else None
+
+        train = None
+        if "train" in args.measure:
+            labels = None if data["labels"] is None else jnp.asarray(data["labels"])
+
+            def loss_of(out):
+                if labels is None:
+                    return jnp.mean(out**2)
+                logp = jax.nn.log_softmax(out.reshape(-1, out.shape[-1]))
+                return -jnp.mean(jnp.take_along_axis(logp, labels.reshape(-1, 1), 1))
+
+            trainable = {k: params[k] for k in model.trainable}
+            frozen = {k: v for k, v in params.items() if k not in trainable}
+
+            @jax.jit
+            def zoo_step(trainable, x, extra):
+                def loss(t):
+                    out, _ = apply(ops, {**frozen, **t}, x, spec=spec, train=True, **extra)
+                    return loss_of(out)
+
+                grads = jax.grad(loss)(trainable)
+                return jax.tree_util.tree_map(lambda p, g: p - LR * g, trainable, grads)
+
+            @jax.jit
+            def keras_step(tv, ntv, inp, head):
+                def loss(tv, head):
+                    out, _ = backbone.stateless_call(tv, ntv, inp, training=True)
+                    return loss_of(keras_output(name, out, head))
+
+                grads = jax.grad(loss, (0, 1))(tv, head)
+                return jax.tree_util.tree_map(lambda p, g: p - LR * g, (tv, head), grads)
+
+            state = {"zoo": trainable, "keras": (tv, head)}
+
+            def zoo_train():
+                state["zoo"] = jax.block_until_ready(zoo_step(state["zoo"], x, extra))
+
+            def keras_train():
+                state["keras"] = jax.block_until_ready(keras_step(*state["keras"][:1], ntv, k_in, state["keras"][1]))
+
+            train = timed({"zoo": zoo_train, "canonical": keras_train}, args)
+        row(name, "jax", f"keras-hub {type(backbone).__name__}", fwd, train, note, same_shape(shape_ok))
+
+        if name == "gpt2" and "generate" in args.measure:
+            prompt = x[: args.gen_batch, : args.gen_prompt]
+            zoo_gen = lambda: jax.block_until_ready(model.generate(prompt, max_new_tokens=args.new_tokens))  # noqa: E731
+            zoo_t, _ = timed({"zoo": zoo_gen, "none": lambda: None}, args)
+            generation_row("jax", "", zoo_t, None, args, True)
+
+
+def tensorflow_worker(args: argparse.Namespace) -> None:
+    import tensorflow as tf
+
+    from xdevice.models import definition
+
+    for name in args.models:
+        model, note = zoo_model(name, "tensorflow", args)
+        spec, apply, ops = model.spec, definition(name).apply, model.ops
+        data = inputs_of(name, spec)
+        backbone, keras_in, features, classes = keras_backbone(name, spec)
+        head = tf.Variable(head_of(name, spec, features, classes))
+        x = tf.constant(data["x"])
+        extra = {} if name in IMAGES else {"attention_mask": tf.constant(data["mask"])}
+        k_in = tf.nest.map_structure(tf.constant, keras_in(data))
+        params = dict(model.params)
+        zoo_f = tf.function(lambda x, extra: apply(ops, params, x, spec=spec, **extra))
+        keras_f = tf.function(lambda inp: keras_output(name, backbone(inp, training=False), head))
+        zoo_fwd = lambda: zoo_f(x, extra).numpy()  # noqa: E731
+        keras_fwd = lambda: keras_f(k_in).numpy()  # noqa: E731
+        shape_ok = zoo_fwd().shape == keras_fwd().shape
+        fwd = timed({"zoo": zoo_fwd, "canonical": keras_fwd}, args) if "forward" in args.measure else None
+
+        train = None
+        if "train" in args.measure:
+            labels = None if data["labels"] is None else tf.constant(data["labels"].reshape(-1))
+
+            def loss_of(out):
+                if labels is None:
+                    return tf.reduce_mean(tf.square(out))
+                flat = tf.reshape(out, (-1, out.shape[-1]))
+                return tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(labels, flat))
+
+            variables = {k: tf.Variable(params[k]) for k in model.trainable}
+            frozen = {k: v for k, v in params.items() if k not in variables}
+
+            def sgd(grads, targets):
+                for g, v in zip(grads, targets):
+                    v.assign_sub(LR * tf.convert_to_tensor(g))
+
+            @tf.function
+            def zoo_step():
+                with tf.GradientTape() as tape:
+                    out, _ = apply(ops, {**frozen, **variables}, x, spec=spec, train=True, **extra)
+                    loss = loss_of(out)
+                targets = list(variables.values())
+                sgd(tape.gradient(loss, targets), targets)
+
+            @tf.function
+            def keras_step():
+                with tf.GradientTape() as tape:
+                    loss = loss_of(keras_output(name, backbone(k_in, training=True), head))
+                targets = list(backbone.trainable_variables) + [head]
+                sgd(tape.gradient(loss, targets), targets)
+
+            train = timed({"zoo": zoo_step, "canonical": keras_step}, args)
+        row(name, "tensorflow", f"keras-hub {type(backbone).__name__}", fwd, train, note, same_shape(shape_ok))
+
+
+def head_of(name: str, spec: dict, features, classes) -> np.ndarray:
+    """The head matmul's weights the keras-hub side adds (a backbone has none)."""
+    rng = np.random.default_rng(2)
+    if name in IMAGES:
+        return (rng.standard_normal((features, classes)) * 0.02).astype(np.float32)
+    if name in LANGUAGE:
+        return (rng.standard_normal((spec["width"], spec["vocab"])) * 0.02).astype(np.float32)
+    return np.zeros((1, 1), np.float32)
+
+
+def same_shape(ok: bool) -> str:
+    return "same shape (random weights)" if ok else "SHAPE DIFFERS"
+
+
+WORKERS = {"torch": torch_worker, "jax": jax_worker, "tensorflow": tensorflow_worker}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", nargs="+", default=list(MODELS), choices=MODELS)
+    parser.add_argument("--frameworks", nargs="+", default=list(FRAMEWORKS), choices=FRAMEWORKS)
+    parser.add_argument("--size", choices=("real", "small"), default="real")
+    parser.add_argument("--llama-layers", type=int, default=None, help="Llama blocks (default: all 16, 3.2 1B's)")
+    parser.add_argument(
+        "--measure",
+        nargs="+",
+        default=["forward", "train", "generate"],
+        choices=("forward", "train", "generate"),
+    )
+    parser.add_argument("--repeats", type=int, default=5, help="timed rounds per side (after --warmup)")
+    parser.add_argument("--warmup", type=int, default=1)
+    parser.add_argument("--budget", type=float, default=120.0, help="seconds per measurement before stopping early")
+    parser.add_argument("--gen-batch", type=int, default=1)
+    parser.add_argument("--gen-prompt", type=int, default=32)
+    parser.add_argument("--new-tokens", type=int, default=32)
+    parser.add_argument("--threads", type=int, default=1, help=THREADS_HELP)
+    parser.add_argument("--worker", choices=FRAMEWORKS, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        print(pin_threads(args.threads, frameworks=(args.worker,)), file=sys.stderr, flush=True)
+        WORKERS[args.worker](args)
+        return
+    print(
+        f"batch {BATCH}, length {LENGTH} (text), 224x224 (images), fp32, {args.threads} thread(s) for every "
+        f"framework; {args.repeats} rounds after {args.warmup} warm-up(s), zoo and canonical in turns; "
+        "ms median (min-max); ratio = zoo / canonical (1.00 = no overhead); transformers with its default "
+        "attention (sdpa); keras-hub random weights + the same head matmul; train = fwd + loss + backward + SGD",
+        flush=True,
+    )
+    header()
+    for framework in args.frameworks:
+        command = [sys.executable, __file__, "--worker", framework] + sys.argv[1:]
+        env = dict(os.environ, KERAS_BACKEND=framework, TF_CPP_MIN_LOG_LEVEL="2")
+        done = subprocess.run(command, env=env, stderr=subprocess.PIPE, text=True)
+        if done.returncode:
+            print(f"{framework}: worker failed ({done.returncode}):\n{done.stderr[-3000:]}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
