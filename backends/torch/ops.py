@@ -608,7 +608,11 @@ class TorchOps(Ops):
         normalised = x.shape[axis % x.dim() :]
         if any(p is not None and p.shape != normalised for p in (scale, offset)):
             return super().layer_norm(x, scale, offset, axis, eps)  # merely broadcastable affine
-        return F.layer_norm(x, normalised, scale, offset, eps)
+        # aten's fused affine sums the scale's and offset's gradients over rows in chunks set by
+        # the thread count: applied outside, they are the same at any thread count (bitwise)
+        y = F.layer_norm(x, normalised, None, None, eps)
+        y = y if scale is None else y * scale
+        return y if offset is None else y + offset
 
     def batch_norm(self, x: Array, scale: Array, offset: Array, mean: Array, var: Array, eps: float = 1e-5) -> Array:
         if mean.requires_grad or var.requires_grad:  # aten's kernel treats them as constants

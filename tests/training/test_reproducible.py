@@ -1,4 +1,4 @@
-"""A seeded fit on torch is bitwise reproducible on CPU with more than one thread."""
+"""A seeded fit on torch is bitwise reproducible on CPU, with more than one thread and at any thread count."""
 
 from __future__ import annotations
 
@@ -40,3 +40,22 @@ def test_two_seeded_torch_fits_on_two_threads_are_bitwise_equal(two_threads, nam
         assert losses == first_losses
         for key, value in first_weights.items():
             np.testing.assert_array_equal(weights[key], value, err_msg=key)
+
+
+@pytest.mark.parametrize("name", ["transformer"])  # not lstm: docs/training.md, "Reproducible runs"
+def test_a_seeded_torch_fit_is_bitwise_the_same_on_one_thread_and_on_two(name):
+    """The thread count does not change the sums: embedding and layer-norm gradients included
+    (aten's fused layer-norm affine summed its gradients in chunks set by the threads)."""
+    torch = pytest.importorskip("torch")
+    before = torch.get_num_threads()
+    try:
+        runs = []
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            runs.append(seeded_fit(name))
+    finally:
+        torch.set_num_threads(before)
+    (one_losses, one_weights), (two_losses, two_weights) = runs
+    assert one_losses == two_losses
+    for key, value in one_weights.items():
+        np.testing.assert_array_equal(two_weights[key], value, err_msg=key)
