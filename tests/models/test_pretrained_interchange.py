@@ -31,9 +31,22 @@ AXES: dict[str, dict[int, str] | None] = {
 #: (batch, length) for text, (batch, height, width) for images: two batch sizes by two lengths
 TEXT_SHAPES = [(1, 5), (1, 13), (3, 5), (3, 13)]
 IMAGE_SHAPES = {"resnet50": [(1, 32, 32), (1, 40, 56), (3, 32, 32), (3, 40, 56)], "vit": [(1,), (3,)]}
+#: why an export from JAX or TensorFlow fails today (the fixes are outside the model files)
+GAPS = {
+    ("gpt2", "jax"): "jax2onnx with a symbolic seq: the backend's arange(n) passes stop=None positionally, which "
+    "jax2onnx's arange rejects; past that, Decoder's causal mask reshapes to (1, 1, tokens, tokens), and jax2onnx "
+    "cannot reshape to symbolic sizes not mapped to input axes (xdevice/models/_generate.py)",
+    ("resnet50", "tensorflow"): "an unknown height/width while tracing: tensorflow ops' conv compares its pads with "
+    "conv_padding('same', spatial, ...), which does arithmetic on None (backends/tensorflow/ops.py _windowed)",
+}
 #: exporters other than torch, and the models they export in the longer sets (one text, one image)
 OTHER_EXPORTERS = [
-    pytest.param(name, exporter, id=f"{name}-{exporter}")
+    pytest.param(
+        name,
+        exporter,
+        id=f"{name}-{exporter}",
+        marks=[pytest.mark.xfail(strict=True, reason=GAPS[name, exporter])] if (name, exporter) in GAPS else [],
+    )
     for name in ("gpt2", "resnet50")
     for exporter in ("jax", "tensorflow")
 ]
