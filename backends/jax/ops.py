@@ -141,6 +141,8 @@ class JaxOps(Ops):
         return jnp.full(tuple(shape), value, jax_dtype(dtype))
 
     def arange(self, start: int, stop: int | None = None, step: int = 1, dtype: str = "int32") -> Array:
+        if stop is None:  # arange(n): jax2onnx's arange refuses a positional None
+            start, stop = 0, start
         return jnp.arange(start, stop, step, dtype=jax_dtype(dtype))
 
     # -- elementwise ----------------------------------------------------------------------

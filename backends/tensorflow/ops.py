@@ -278,7 +278,7 @@ def _windowed(x: Array, pads, window, stride, dilation, op, *, explicit=False, s
     padding: str | list[list[int]]
     if all(p == (0, 0) for p in pads):
         padding = "VALID"
-    elif same and list(pads) == conv_padding("same", spatial, window, step, dilation):
+    elif same and None not in spatial and list(pads) == conv_padding("same", spatial, window, step, dilation):
         padding = "SAME"
     elif explicit:
         padding = [[0, 0], *map(list, pads), [0, 0]]

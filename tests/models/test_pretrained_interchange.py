@@ -33,11 +33,8 @@ TEXT_SHAPES = [(1, 5), (1, 13), (3, 5), (3, 13)]
 IMAGE_SHAPES = {"resnet50": [(1, 32, 32), (1, 40, 56), (3, 32, 32), (3, 40, 56)], "vit": [(1,), (3,)]}
 #: why an export from JAX or TensorFlow fails today (the fixes are outside the model files)
 GAPS = {
-    ("gpt2", "jax"): "jax2onnx with a symbolic seq: the backend's arange(n) passes stop=None positionally, which "
-    "jax2onnx's arange rejects; past that, Decoder's causal mask reshapes to (1, 1, tokens, tokens), and jax2onnx "
-    "cannot reshape to symbolic sizes not mapped to input axes (xdevice/models/_generate.py)",
-    ("resnet50", "tensorflow"): "an unknown height/width while tracing: tensorflow ops' conv compares its pads with "
-    "conv_padding('same', spatial, ...), which does arithmetic on None (backends/tensorflow/ops.py _windowed)",
+    ("gpt2", "jax"): "jax2onnx with a symbolic seq: the causal mask is built from arange(tokens), and jax2onnx gives "
+    "that arange a dimension of its own (JAX2ONNX_DYNAMIC_DIM_SENTINEL) that does not broadcast with seq",
 }
 #: exporters other than torch, and the models they export in the longer sets (one text, one image)
 OTHER_EXPORTERS = [

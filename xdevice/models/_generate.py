@@ -69,12 +69,12 @@ class Decoder:
         self.updated: dict[str, list] = {"keys": [], "values": []}
         if cache is None:
             rows = ops.arange(tokens)
-            allowed = ops.reshape(
-                ops.less_equal(ops.expand_dims(rows, 0), ops.expand_dims(rows, 1)), (1, 1, tokens, tokens)
-            )
+            # expand_dims, not reshape: the token count may be a symbolic axis while exporting
+            causal = ops.less_equal(ops.expand_dims(rows, 0), ops.expand_dims(rows, 1))
+            allowed = ops.expand_dims(ops.expand_dims(causal, 0), 0)  # (1, 1, tokens, tokens)
             if attention_mask is not None:
                 keep = ops.not_equal(attention_mask, 0)
-                allowed = ops.logical_and(allowed, ops.reshape(keep, (-1, 1, 1, tokens)))
+                allowed = ops.logical_and(allowed, ops.expand_dims(ops.expand_dims(keep, 1), 1))
         else:
             length = ops.shape(cache["mask"])[1]
             slots = ops.arange(length)
