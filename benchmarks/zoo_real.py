@@ -25,7 +25,7 @@ median (min-max) ms and the ratio zoo / canonical of the medians (with the per-r
 A configuration smaller than the real one is marked ``REDUCED`` in the output. Run:
 
     .venv/bin/python benchmarks/zoo_real.py [--models bert gpt2] [--frameworks torch jax]
-        [--size real|small] [--llama-layers 2] [--repeats 3] [--threads 1] [--no-train]
+        [--size real|small] [--llama-layers 2] [--measure forward train generate] [--repeats 3] [--threads 1]
 """
 
 from __future__ import annotations
@@ -311,13 +311,15 @@ def keras_backbone(name: str, spec: dict):
 
 def keras_output(name: str, out, head):
     """The backbone's output carried to the zoo's: logits through the same head matmul."""
+    from keras import ops
+
     if name == "bert":
         return out["sequence_output"]
     if name == "resnet50":
-        return out.mean(axis=(1, 2)) @ head
+        return ops.matmul(ops.mean(out, axis=(1, 2)), head)
     if name == "vit":
-        return out[:, 0] @ head
-    return out @ head  # gpt2, llama: the tied projection, embedding transposed
+        return ops.matmul(out[:, 0], head)
+    return ops.matmul(out, head)  # gpt2, llama: the tied projection, embedding transposed
 
 
 def jax_worker(args: argparse.Namespace) -> None:
