@@ -240,7 +240,7 @@ class Backend(abc.ABC):
         """A zoo model as this framework's own trainable module, or None when the framework's
         models are functions (JAX, numpy: core then hands out ``(apply_fn, params)``).
 
-        ``forward(weights, x, training)`` is the zoo model over this backend's ops and returns
+        ``forward(weights, x, training, **inputs)`` is the zoo model over this backend's ops and returns
         ``(output, updated buffers)`` ({} in inference); ``params`` are this backend's arrays;
         ``trainable`` names those updated by gradient.
         """

@@ -151,6 +151,17 @@ class CompositeOps(Primitives):
             scores = self.where(mask, scores, masked_score(self.dtype(scores)))
         return self.matmul(self.softmax(scores, axis=-1), v)
 
+    def checkpoint(self, fn: Callable[..., Any], *args: Array) -> Any:
+        """``fn(*args)``, with ``fn``'s activations recomputed in the backward pass instead of
+        kept (gradient checkpointing, "remat"): less memory for one more forward of ``fn``.
+
+        ``fn`` is a pure function of arrays returning an array or a tuple of them. Pass the
+        arrays to differentiate (the weights ``fn`` uses included) as ``args``: TensorFlow's
+        ``recompute_grad`` gives gradients to those alone. Arrays without a gradient (masks,
+        rotations) may be closed over. By default, and on numpy, a plain call.
+        """
+        return fn(*args)
+
     def swap_last(self, x: Array) -> Array:
         """``x`` with its last two axes swapped."""
         rank = len(self.shape(x))

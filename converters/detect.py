@@ -30,11 +30,14 @@ def source_of(
     if isinstance(model, models.Model):
         name = backend or model.backend
         _registry.backend(name)  # an unknown name fails here, with the choices
-        target = models.to_native(model, name)
         if example_inputs is None:
             inputs = Inputs.of(model.example_input())
             second = inputs.replaced([model.example_input(second_batch(len(inputs[0])), seed=1)])
-            return name, target, inputs, second
+            return name, models.to_native(model, name), inputs, second
+        inputs = _zoo_inputs(model, as_inputs(example_inputs, stacklevel=3))
+        target = models.to_native(model, name)  # its forward takes the definition's other inputs
+        _check_example(inputs, dynamic_batch)
+        return name, target, inputs, resampled(inputs)
     else:
         if example_inputs is None:
             raise ConversionError(
@@ -50,6 +53,54 @@ def source_of(
     inputs = as_inputs(example_inputs, stacklevel=3)  # the note points at the user's export() call
     _check_example(inputs, dynamic_batch)
     return name, target, inputs, resampled(inputs)
+
+
+def _zoo_inputs(model: Any, inputs: Inputs) -> Inputs:
+    """A zoo model's example inputs, checked: one array (``x``), or a dict of arrays whose key
+    ``"input"`` (else the first key the definition does not name) is ``x`` and whose other keys
+    are inputs the definition names (``INPUTS``: ``attention_mask``, ``token_type_ids``).
+
+    The graph inputs are named by the keys, in the dict's order. Rebuilt, a dict calls the
+    model with ``x`` under the key ``"x"`` and the others under their own names: keyword
+    arguments in PyTorch, one dict in TensorFlow and JAX (``models.to_native``); a dict
+    with ``x`` alone calls it positionally, as an array does."""
+    from xdevice import models
+
+    if not inputs.named:
+        return inputs
+    known = tuple(getattr(models.definition(model.name), "INPUTS", ()))
+    nested = [key for key, position in inputs.structure.items() if not isinstance(position, int)]
+    if nested:
+        raise ConversionError(
+            message(
+                f"Zoo model {model.name!r} takes arrays, not nested inputs",
+                expected="a dict of arrays: the ids, then " + (", ".join(known) or "nothing else"),
+                received=nested,
+            )
+        )
+    keys = list(inputs.structure)
+    x_key = "input" if "input" in keys else next((key for key in keys if key not in known), None)
+    unknown = [key for key in keys if key != x_key and key not in known]
+    if x_key is None or unknown:
+        choices = ["input", *known]
+        raise ConversionError(
+            message(
+                f"Zoo model {model.name!r} takes no input {unknown[0]!r}"
+                if unknown
+                else f"Zoo model {model.name!r} needs its input x among example_inputs",
+                expected="x under 'input' (or the first key of another name), "
+                + (f"then any of {', '.join(known)}" if known else "and nothing else"),
+                received=unknown if unknown else keys,
+                choices=choices if unknown else None,
+                fix=f"export(model, example_inputs={{{', '.join(repr(c) + ': ...' for c in choices)}}})",
+            )
+        )
+    made = Inputs(inputs)
+    made.names = inputs.names
+    made.structure = {("x" if key == x_key else key): position for key, position in inputs.structure.items()}
+    if len(keys) == 1:
+        made.structure = (made.structure["x"],)
+    return made
 
 
 def is_imported(model: Any) -> bool:

@@ -125,8 +125,11 @@ def export(
         path: where to write the ``.onnx`` (folders are created); None keeps it in memory.
         backend: the framework to export from: required for a plain function of another
             framework than JAX; for a zoo model, moves it there first.
-        example_inputs: an array or a tuple of arrays (numpy or the framework's), batch first.
-            Zoo models default to ``model.example_input()``; native models need them.
+        example_inputs: an array or a tuple of arrays (numpy or the framework's), batch first,
+            or a dict of them (named inputs). Zoo models default to ``model.example_input()``;
+            a text model's dict has ``x`` under ``"input"`` (or its first other key) and any
+            inputs its definition names besides (``{"input_ids": ids, "attention_mask":
+            mask}``); the graph inputs are named by the keys. Native models need them.
         opset: the ONNX opset to ask the exporter for.
         dynamic_batch: make axis 0 of every input and output the symbolic ``batch``.
         dynamic_axes: more symbolic dimensions, by name: ``{1: "seq"}`` on every input with

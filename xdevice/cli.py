@@ -197,6 +197,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="the framework that measures (default jax: XLA's memory_analysis)",
     )
     sizing.add_argument("--device", default="cpu", help="the device to fit (default cpu)")
+    sizing.add_argument(
+        "--remat",
+        action="store_true",
+        help="recompute each block's activations in the backward pass (bert, gpt2, llama, vit, resnet50)",
+    )
     sizing.add_argument("--json", action="store_true", help="print JSON")
     sizing.set_defaults(run=_estimate_memory)
 
@@ -359,6 +364,7 @@ def _estimate_memory(args: argparse.Namespace) -> int:
         precision=args.precision,
         backend=args.backend,
         device=args.device,
+        **({"remat": True} if args.remat else {}),
     )
     print(json.dumps(estimate.as_dict(), indent=2) if args.json else estimate)
     return 0 if estimate.fits is not False else 1

@@ -302,6 +302,9 @@ class JaxOps(Ops):
     def log_softmax(self, x: Array, axis: int = -1) -> Array:
         return jax.nn.log_softmax(x, axis=axis)
 
+    def checkpoint(self, fn: Callable[..., Any], *args: Array) -> Any:
+        return jax.checkpoint(fn)(*args)
+
     def attention(self, q: Array, k: Array, v: Array, mask: Array | None = None, scale: float | None = None) -> Array:
         # jax.nn.dot_product_attention, JAX's one entry to its fused kernels, in its (B, T, N, H)
         # layout: the op's (B, N, T, H) heads swapped in and out (XLA folds the transposes into

@@ -14,6 +14,11 @@ class ZooModule(tf.Module):
 
     ``module(x, training=True)`` normalises with batch statistics and assigns the new running
     statistics to the buffer variables, as a Keras ``BatchNormalization`` layer does.
+
+    The inputs a text model takes besides ``x`` (its definition's ``INPUTS``) are keyword
+    arguments, ``module(x, attention_mask=mask)``, or come with ``x`` in one dict, as a Keras
+    model takes named inputs: ``module({"x": x, "attention_mask": mask})``. They are passed on
+    to ``forward`` only when given (a ``forward`` that takes them is the one export builds).
     """
 
     def __init__(self, name: str, spec: dict, forward, params: dict[str, Any], trainable: list[str]):
@@ -22,8 +27,11 @@ class ZooModule(tf.Module):
         self._zoo_forward = forward
         self.weights = {key: tf.Variable(value, trainable=key in trainable, name=key) for key, value in params.items()}
 
-    def __call__(self, x: Any, training: bool = False) -> Any:
-        y, updates = self._zoo_forward(dict(self.weights), x, training)
+    def __call__(self, x: Any, training: bool = False, **inputs: Any) -> Any:
+        if isinstance(x, dict):
+            inputs = {**x, **inputs}
+            x = inputs.pop("x")
+        y, updates = self._zoo_forward(dict(self.weights), x, training, **inputs)
         for key, value in updates.items():
             self.weights[key].assign(value)
         return y

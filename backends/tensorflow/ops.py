@@ -830,6 +830,14 @@ class TensorflowOps(Ops):
         mean, var = tf.nn.moments(x, [0, *range(2, x.shape.rank)])  # one pass for both
         return self.batch_norm(x, scale, offset, mean, var, eps), mean, var
 
+    def checkpoint(self, fn: Any, *args: Array) -> Any:
+        if not record.could_possibly_record():  # no tape: nothing is kept to recompute
+            return fn(*args)
+        # recompute_grad differentiates its arguments (and variables fn reads): a variable is
+        # read once out here, so its gradient reaches the outer tape through that read
+        args = tuple(tf.convert_to_tensor(a) if isinstance(a, tf.Variable) else _tensor(a) for a in args)
+        return tf.recompute_grad(fn)(*args)
+
     def attention(self, q: Array, k: Array, v: Array, mask: Array | None = None, scale: float | None = None) -> Array:
         # The composite in TensorFlow's own ops: TensorFlow has no fused attention kernel.
         # Keras 3's ops.dot_product_attention on its TensorFlow backend is this same

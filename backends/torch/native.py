@@ -16,6 +16,10 @@ class ZooModule(torch.nn.Module):
 
     In training mode the forward pass normalises with batch statistics and writes the new
     running statistics into the buffers, as ``torch.nn.BatchNorm2d`` does.
+
+    ``module(x, attention_mask=mask)``: the inputs a text model takes besides ``x`` (its
+    definition's ``INPUTS``) are keyword arguments, passed on to ``forward`` only when given
+    (a ``forward`` that takes them is the one export builds for them).
     """
 
     def __init__(self, name: str, spec: dict, forward, params: dict[str, Any], trainable: list[str]):
@@ -39,9 +43,9 @@ class ZooModule(torch.nn.Module):
             owner = getattr(owner, part)
         return owner, leaf
 
-    def forward(self, x: Any) -> Any:
+    def forward(self, x: Any, **inputs: Any) -> Any:
         weights = {**dict(self.named_parameters()), **dict(self.named_buffers())}
-        y, updates = self._zoo_forward(weights, x, self.training)
+        y, updates = self._zoo_forward(weights, x, self.training, **inputs)
         with torch.no_grad():
             for key, value in updates.items():
                 weights[key].copy_(value)

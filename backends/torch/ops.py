@@ -642,6 +642,14 @@ class TorchOps(Ops):
                 q, mask = torch.where(attends, q, 0.0), mask | ~attends
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
 
+    def checkpoint(self, fn: Any, *args: Array) -> Any:
+        if not torch.is_grad_enabled():  # nothing is kept for a backward pass: nothing to recompute
+            return fn(*args)
+        from torch.utils.checkpoint import checkpoint
+
+        # non-reentrant: closures over tensors that need gradients get them, and torch asks it
+        return checkpoint(fn, *args, use_reentrant=False)
+
     def lstm_cell(self, x: Array, h: Array, c: Array, w_ih: Array, w_hh: Array, b: Array) -> tuple[Array, Array]:
         if x.dim() != 2:  # torch's cell takes one batch axis
             return super().lstm_cell(x, h, c, w_ih, w_hh, b)

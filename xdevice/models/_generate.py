@@ -67,6 +67,7 @@ class Decoder:
         self.tokens = tokens = ops.shape(x)[1]
         self.positions = positions  # None: 0 .. tokens - 1
         self.updated: dict[str, list] = {"keys": [], "values": []}
+        self._slots: tuple[Any, Any] | None = None  # where this step writes in the cache (_write)
         if cache is None:
             rows = ops.arange(tokens)
             # expand_dims, not reshape: the token count may be a symbolic axis while exporting
@@ -130,12 +131,15 @@ class Decoder:
         slots ``index .. index + tokens - 1``: a select over every slot, so the index may be
         an array the compiled step takes as an argument."""
         ops = self.ops
-        length = ops.shape(cache)[2]
-        offset = ops.subtract(ops.arange(length), ops.cast(self.cache["index"], "int32"))
-        inside = ops.logical_and(ops.greater_equal(offset, 0), ops.less(offset, self.tokens))
+        if self._slots is None:  # the same slots for every layer's keys and values: made once a step
+            length = ops.shape(cache)[2]
+            offset = ops.subtract(ops.arange(length), ops.cast(self.cache["index"], "int32"))
+            inside = ops.logical_and(ops.greater_equal(offset, 0), ops.less(offset, self.tokens))
+            self._slots = ops.reshape(inside, (1, 1, length, 1)), ops.clip(offset, 0, self.tokens - 1)
+        inside, source = self._slots
         if self.tokens != 1:  # slot s takes new[s - index]
-            new = ops.take(new, ops.clip(offset, 0, self.tokens - 1), axis=2)
-        return ops.where(ops.reshape(inside, (1, 1, length, 1)), new, cache)
+            new = ops.take(new, source, axis=2)
+        return ops.where(inside, new, cache)
 
 
 def new_cache(ops: Any, layout: tuple[int, int, int], rows: int, length: int, dtype: str) -> dict[str, Any]:

@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from xdevice._errors import ConfigurationError, ConversionError, message
-from xdevice.models import _pretrained
+from xdevice.models import _pretrained, _remat
 from xdevice.models._fit import Fitting
 from xdevice.models._init import Param
 
@@ -47,6 +47,7 @@ DEFAULTS: dict[str, Any] = {
     "pad": 0,
     "pooler": True,
     "output": "last_hidden_state",
+    "remat": False,
 }
 SMALL: dict[str, Any] = {"vocab": 99, "length": 32, "width": 32, "layers": 2, "heads": 4, "mlp": 64}
 HYPERPARAMETERS = {
@@ -61,6 +62,7 @@ HYPERPARAMETERS = {
     "pad": "the padding token id, whose embedding row gets no gradient; None: every row learns",
     "pooler": "whether the model has the pooler (dense + tanh on the first token); Bert*ForMaskedLM and kin do not",
     "output": '"last_hidden_state": float[rows, tokens, width]; "pooled": the pooler\'s float[rows, width]',
+    "remat": "training recomputes each block's activations in the backward pass instead of keeping them",
 }
 INPUT = (
     "int[rows, tokens]: token ids, at most length tokens; attention_mask [rows, tokens] optional "
@@ -151,17 +153,21 @@ def apply(ops, params, x, spec, train=False, attention_mask=None, token_type_ids
     mask = None if attention_mask is None else ops.reshape(ops.not_equal(attention_mask, 0), (-1, 1, 1, t))
     for i in range(spec["layers"]):
         b = f"layer{i}"
-        qkv = ops.linear(h, params[f"{b}.attn.qkv.weight"], params[f"{b}.attn.qkv.bias"])
-        q, k, v = (
-            ops.transpose(ops.reshape(part, (-1, t, heads, d // heads)), (0, 2, 1, 3))
-            for part in ops.split(qkv, 3, axis=-1)
-        )
-        attended = ops.reshape(ops.transpose(ops.attention(q, k, v, mask), (0, 2, 1, 3)), (-1, t, d))
-        y = ops.add(ops.linear(attended, params[f"{b}.attn.out.weight"], params[f"{b}.attn.out.bias"]), h)
-        h = ops.layer_norm(y, params[f"{b}.norm1.scale"], params[f"{b}.norm1.offset"], eps=eps)
-        y = ops.gelu(ops.linear(h, params[f"{b}.mlp.fc1.weight"], params[f"{b}.mlp.fc1.bias"]))
-        y = ops.add(ops.linear(y, params[f"{b}.mlp.fc2.weight"], params[f"{b}.mlp.fc2.bias"]), h)
-        h = ops.layer_norm(y, params[f"{b}.norm2.scale"], params[f"{b}.norm2.offset"], eps=eps)
+
+        def run(h, params, b=b):
+            qkv = ops.linear(h, params[f"{b}.attn.qkv.weight"], params[f"{b}.attn.qkv.bias"])
+            q, k, v = (
+                ops.transpose(ops.reshape(part, (-1, t, heads, d // heads)), (0, 2, 1, 3))
+                for part in ops.split(qkv, 3, axis=-1)
+            )
+            attended = ops.reshape(ops.transpose(ops.attention(q, k, v, mask), (0, 2, 1, 3)), (-1, t, d))
+            y = ops.add(ops.linear(attended, params[f"{b}.attn.out.weight"], params[f"{b}.attn.out.bias"]), h)
+            h = ops.layer_norm(y, params[f"{b}.norm1.scale"], params[f"{b}.norm1.offset"], eps=eps)
+            y = ops.gelu(ops.linear(h, params[f"{b}.mlp.fc1.weight"], params[f"{b}.mlp.fc1.bias"]))
+            y = ops.add(ops.linear(y, params[f"{b}.mlp.fc2.weight"], params[f"{b}.mlp.fc2.bias"]), h)
+            return ops.layer_norm(y, params[f"{b}.norm2.scale"], params[f"{b}.norm2.offset"], eps=eps)
+
+        h = _remat.block(ops, run, h, params, f"{b}.", spec.get("remat", False) and train)
     if spec["output"] == "pooled":
         h = ops.tanh(ops.linear(ops.take(h, 0, axis=1), params["pooler.weight"], params["pooler.bias"]))
     return (h, {}) if train else h

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from xdevice._errors import ConfigurationError, message
-from xdevice.models import _pretrained
+from xdevice.models import _pretrained, _remat
 from xdevice.models._fit import Fitting
 from xdevice.models._generate import Decoder
 from xdevice.models._init import Param, norm
@@ -33,6 +33,7 @@ DEFAULTS = {
     "tied": True,
     "eos": 50256,
     "pad": None,
+    "remat": False,
 }
 SMALL = {"vocab": 96, "length": 32, "width": 32, "heads": 4, "blocks": 2, "mlp": 64}
 HYPERPARAMETERS = {
@@ -46,6 +47,7 @@ HYPERPARAMETERS = {
     "tied": "the head is the token embedding transposed (GPT-2's); False: a head of its own",
     "eos": "end-of-sequence id (or a list of them) that ends a row in generate; None: none",
     "pad": "id given to a row after its end in generate; None: the first eos id (transformers' rule)",
+    "remat": "training recomputes each block's activations in the backward pass instead of keeping them",
 }
 INPUT = "int[rows, tokens]: token ids, at most length tokens; attention_mask [rows, tokens] optional (0: padding)"
 OUTPUT = "float[rows, tokens, vocab]: next-token logits at every position (no softmax)"
@@ -109,19 +111,24 @@ def apply(ops, params, x, spec, train=False, attention_mask=None, cache=None, po
     else:
         placed = ops.take(params["positions.weight"], decoder.position_ids(), axis=0)
     h = ops.add(ops.take(params["tokens.weight"], x, axis=0), placed)
+    remat = spec.get("remat", False) and train and cache is None  # generation never recomputes
     for i in range(spec["blocks"]):
         b = f"block{i}"
-        y = ops.layer_norm(h, params[f"{b}.norm1.scale"], params[f"{b}.norm1.offset"], eps=eps)
-        qkv = ops.linear(y, params[f"{b}.attn.qkv.weight"], params[f"{b}.attn.qkv.bias"])
-        q, k, v = (
-            ops.transpose(ops.reshape(part, (-1, t, heads, d // heads)), (0, 2, 1, 3))
-            for part in ops.split(qkv, 3, axis=-1)
-        )
-        attended = ops.reshape(ops.transpose(decoder.attend(i, q, k, v), (0, 2, 1, 3)), (-1, t, d))
-        h = ops.add(h, ops.linear(attended, params[f"{b}.attn.out.weight"], params[f"{b}.attn.out.bias"]))
-        y = ops.layer_norm(h, params[f"{b}.norm2.scale"], params[f"{b}.norm2.offset"], eps=eps)
-        y = ops.gelu(ops.linear(y, params[f"{b}.mlp.fc1.weight"], params[f"{b}.mlp.fc1.bias"]), approximate=True)
-        h = ops.add(h, ops.linear(y, params[f"{b}.mlp.fc2.weight"], params[f"{b}.mlp.fc2.bias"]))
+
+        def run(h, params, i=i, b=b):
+            y = ops.layer_norm(h, params[f"{b}.norm1.scale"], params[f"{b}.norm1.offset"], eps=eps)
+            qkv = ops.linear(y, params[f"{b}.attn.qkv.weight"], params[f"{b}.attn.qkv.bias"])
+            q, k, v = (
+                ops.transpose(ops.reshape(part, (-1, t, heads, d // heads)), (0, 2, 1, 3))
+                for part in ops.split(qkv, 3, axis=-1)
+            )
+            attended = ops.reshape(ops.transpose(decoder.attend(i, q, k, v), (0, 2, 1, 3)), (-1, t, d))
+            h = ops.add(h, ops.linear(attended, params[f"{b}.attn.out.weight"], params[f"{b}.attn.out.bias"]))
+            y = ops.layer_norm(h, params[f"{b}.norm2.scale"], params[f"{b}.norm2.offset"], eps=eps)
+            y = ops.gelu(ops.linear(y, params[f"{b}.mlp.fc1.weight"], params[f"{b}.mlp.fc1.bias"]), approximate=True)
+            return ops.add(h, ops.linear(y, params[f"{b}.mlp.fc2.weight"], params[f"{b}.mlp.fc2.bias"]))
+
+        h = _remat.block(ops, run, h, params, f"{b}.", remat)
     h = decoder.last(ops.layer_norm(h, params["norm.scale"], params["norm.offset"], eps=eps))
     head = ops.transpose(params["tokens.weight"]) if spec["tied"] else params["head.weight"]
     return decoder.result(ops.matmul(h, head), train)

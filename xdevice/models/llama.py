@@ -21,7 +21,7 @@ import numpy as np
 
 from xdevice._errors import ConfigurationError, message
 from xdevice.backends.composite import HALF_DTYPES
-from xdevice.models import _pretrained
+from xdevice.models import _pretrained, _remat
 from xdevice.models._fit import Fitting
 from xdevice.models._generate import Decoder
 from xdevice.models._init import Param
@@ -45,6 +45,7 @@ DEFAULTS = {
     "tied": True,
     "eos": 128001,
     "pad": None,
+    "remat": False,
 }
 SMALL = {"vocab": 96, "width": 32, "mlp": 64, "blocks": 2, "heads": 4, "kv_heads": 2, "head_dim": 8}
 HYPERPARAMETERS = {
@@ -66,6 +67,7 @@ HYPERPARAMETERS = {
     "tied": "the head is the token embedding transposed (Llama 3.2 1B and 3B); False: a head of its own",
     "eos": "end-of-sequence id (or a list of them) that ends a row in generate; None: none",
     "pad": "id given to a row after its end in generate; None: the first eos id (transformers' rule)",
+    "remat": "training recomputes each block's activations in the backward pass instead of keeping them",
 }
 INPUT = "int[rows, tokens]: token ids; attention_mask [rows, tokens] optional (0: padding)"
 OUTPUT = "float[rows, tokens, vocab]: next-token logits at every position (no softmax)"
@@ -172,18 +174,23 @@ def apply(ops, params, x, spec, train=False, attention_mask=None, cache=None, po
     def split_heads(y, count):
         return ops.transpose(ops.reshape(y, (-1, t, count, size)), (0, 2, 1, 3))
 
+    remat = spec.get("remat", False) and train and cache is None  # generation never recomputes
     for i in range(spec["blocks"]):
         b = f"block{i}"
-        y = _rms_norm(ops, h, params[f"{b}.norm1.scale"], eps)
-        q = _rotate(ops, split_heads(ops.matmul(y, params[f"{b}.attn.q.weight"]), heads), cos, sin)
-        k = _rotate(ops, split_heads(ops.matmul(y, params[f"{b}.attn.k.weight"]), kv_heads), cos, sin)
-        v = split_heads(ops.matmul(y, params[f"{b}.attn.v.weight"]), kv_heads)
-        attended = ops.reshape(ops.transpose(decoder.attend(i, q, k, v), (0, 2, 1, 3)), (-1, t, heads * size))
-        h = ops.add(h, ops.matmul(attended, params[f"{b}.attn.out.weight"]))
-        y = _rms_norm(ops, h, params[f"{b}.norm2.scale"], eps)
-        gate = ops.matmul(y, params[f"{b}.mlp.gate.weight"])
-        y = ops.multiply(ops.multiply(gate, ops.sigmoid(gate)), ops.matmul(y, params[f"{b}.mlp.up.weight"]))
-        h = ops.add(h, ops.matmul(y, params[f"{b}.mlp.down.weight"]))
+
+        def run(h, params, i=i, b=b):
+            y = _rms_norm(ops, h, params[f"{b}.norm1.scale"], eps)
+            q = _rotate(ops, split_heads(ops.matmul(y, params[f"{b}.attn.q.weight"]), heads), cos, sin)
+            k = _rotate(ops, split_heads(ops.matmul(y, params[f"{b}.attn.k.weight"]), kv_heads), cos, sin)
+            v = split_heads(ops.matmul(y, params[f"{b}.attn.v.weight"]), kv_heads)
+            attended = ops.reshape(ops.transpose(decoder.attend(i, q, k, v), (0, 2, 1, 3)), (-1, t, heads * size))
+            h = ops.add(h, ops.matmul(attended, params[f"{b}.attn.out.weight"]))
+            y = _rms_norm(ops, h, params[f"{b}.norm2.scale"], eps)
+            gate = ops.matmul(y, params[f"{b}.mlp.gate.weight"])
+            y = ops.multiply(ops.multiply(gate, ops.sigmoid(gate)), ops.matmul(y, params[f"{b}.mlp.up.weight"]))
+            return ops.add(h, ops.matmul(y, params[f"{b}.mlp.down.weight"]))
+
+        h = _remat.block(ops, run, h, params, f"{b}.", remat)
     h = decoder.last(_rms_norm(ops, h, params["norm.scale"], eps))
     head = ops.transpose(params["tokens.weight"]) if spec["tied"] else params["head.weight"]
     return decoder.result(ops.matmul(h, head), train)

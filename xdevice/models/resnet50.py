@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from xdevice._errors import ConfigurationError, ConversionError, message
-from xdevice.models import _pretrained
+from xdevice.models import _pretrained, _remat
 from xdevice.models._fit import Fitting, check_image, image_fitting
 from xdevice.models._init import Param, conv, dense, norm
 
@@ -40,6 +40,7 @@ DEFAULTS: dict[str, Any] = {
     "classes": 1000,
     "momentum": 0.1,
     "eps": 1e-5,
+    "remat": False,
 }
 SMALL: dict[str, Any] = {
     "image": [3, 48, 48],
@@ -59,6 +60,7 @@ HYPERPARAMETERS = {
     "classes": "outputs: one logit per class",
     "momentum": "batch norm's running-statistics momentum (PyTorch's rule)",
     "eps": "batch norm's epsilon (transformers' is PyTorch's default, 1e-5)",
+    "remat": "training recomputes each block's activations in the backward pass instead of keeping them",
 }
 INPUT = "float[rows, image[0], height, width]: images, channels first (NCHW), any height and width"
 OUTPUT = "float[rows, classes]: logits (no softmax)"
@@ -132,9 +134,9 @@ def parameters(spec: dict) -> dict[str, Param]:
 
 
 def apply(ops, params, x, spec, train=False):
-    updates = {}
+    updates: dict = {}
 
-    def bn(name, x):
+    def bn(name, x, params, updates):
         p = {k: params[f"{name}.{k}"] for k in ("scale", "offset", "mean", "var")}
         if not train:
             return ops.batch_norm(x, p["scale"], p["offset"], p["mean"], p["var"], spec["eps"])
@@ -146,18 +148,29 @@ def apply(ops, params, x, spec, train=False):
         updates[f"{name}.var"] = ops.add(ops.multiply(p["var"], 1 - m), ops.multiply(unbiased, m))
         return y
 
-    x = ops.relu(bn("stem.bn", ops.conv(x, params["stem.conv.weight"], stride=2, padding=3)))
+    x = ops.relu(bn("stem.bn", ops.conv(x, params["stem.conv.weight"], stride=2, padding=3), params, updates))
     x = ops.max_pool(x, 3, stride=2, padding=1)
     for name, width, size, stride in _blocks(spec):
-        h = x
-        convs = _convs(spec, width, size, stride)
-        for j, (_, _, kernel, step) in enumerate(convs, 1):
-            h = bn(f"{name}.bn{j}", ops.conv(h, params[f"{name}.conv{j}.weight"], stride=step, padding=kernel // 2))
-            if j < len(convs):
-                h = ops.relu(h)
-        if _projects(width, size, stride):
-            x = bn(f"{name}.shortcut_bn", ops.conv(x, params[f"{name}.shortcut.weight"], stride=stride))
-        x = ops.relu(ops.add(h, x))
+        convs, projects = _convs(spec, width, size, stride), _projects(width, size, stride)
+        norms = [f"{name}.bn{j}" for j in range(1, len(convs) + 1)] + [f"{name}.shortcut_bn"] * projects
+        # the running statistics leave the block as outputs: a recomputed block has no side effects
+        statistics = [f"{norm}.{kind}" for norm in norms for kind in ("mean", "var")] if train else []
+
+        def run(x, params, name=name, convs=convs, projects=projects, stride=stride, statistics=statistics):
+            own: dict = {}
+            h = x
+            for j, (_, _, kernel, step) in enumerate(convs, 1):
+                h = ops.conv(h, params[f"{name}.conv{j}.weight"], stride=step, padding=kernel // 2)
+                h = bn(f"{name}.bn{j}", h, params, own)
+                if j < len(convs):
+                    h = ops.relu(h)
+            if projects:
+                x = ops.conv(x, params[f"{name}.shortcut.weight"], stride=stride)
+                x = bn(f"{name}.shortcut_bn", x, params, own)
+            return (ops.relu(ops.add(h, x)), *(own[key] for key in statistics))
+
+        x, *values = _remat.block(ops, run, x, params, f"{name}.", spec.get("remat", False) and train)
+        updates.update(zip(statistics, values))
     logits = ops.linear(ops.mean(x, axis=(2, 3)), params["out.weight"], params["out.bias"])
     return (logits, updates) if train else logits
 

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from xdevice._errors import ConfigurationError, message
-from xdevice.models import _pretrained
+from xdevice.models import _pretrained, _remat
 from xdevice.models._fit import Fitting, check_image, image_fitting
 from xdevice.models._init import Param, conv, dense, norm
 
@@ -35,6 +35,7 @@ DEFAULTS: dict[str, Any] = {
     "classes": 1000,
     "qkv_bias": True,
     "eps": 1e-12,
+    "remat": False,
 }
 SMALL: dict[str, Any] = {
     "image": [3, 32, 32],
@@ -55,6 +56,7 @@ HYPERPARAMETERS = {
     "classes": "outputs: one logit per class",
     "qkv_bias": "whether the query, key and value projections have biases",
     "eps": "layer norm's epsilon",
+    "remat": "training recomputes each block's activations in the backward pass instead of keeping them",
 }
 INPUT = "float[rows, image[0], image[1], image[2]]: images, channels first (NCHW), of the configured size"
 OUTPUT = "float[rows, classes]: logits from the CLS token (no softmax)"
@@ -132,17 +134,21 @@ def apply(ops, params, x, spec, train=False):
     h = ops.add(ops.pad(h, [(0, 0), (1, 0), (0, 0)]), ops.add(params["positions.weight"], cls))
     for i in range(spec["layers"]):
         b = f"block{i}"
-        y = ops.layer_norm(h, params[f"{b}.norm1.scale"], params[f"{b}.norm1.offset"], eps=eps)
-        qkv = ops.linear(y, params[f"{b}.attn.qkv.weight"], params.get(f"{b}.attn.qkv.bias"))
-        q, k, v = (
-            ops.transpose(ops.reshape(part, (-1, t, heads, d // heads)), (0, 2, 1, 3))
-            for part in ops.split(qkv, 3, axis=-1)
-        )
-        attended = ops.reshape(ops.transpose(ops.attention(q, k, v), (0, 2, 1, 3)), (-1, t, d))
-        h = ops.add(h, ops.linear(attended, params[f"{b}.attn.out.weight"], params[f"{b}.attn.out.bias"]))
-        y = ops.layer_norm(h, params[f"{b}.norm2.scale"], params[f"{b}.norm2.offset"], eps=eps)
-        y = ops.gelu(ops.linear(y, params[f"{b}.mlp.fc1.weight"], params[f"{b}.mlp.fc1.bias"]))
-        h = ops.add(h, ops.linear(y, params[f"{b}.mlp.fc2.weight"], params[f"{b}.mlp.fc2.bias"]))
+
+        def run(h, params, b=b):
+            y = ops.layer_norm(h, params[f"{b}.norm1.scale"], params[f"{b}.norm1.offset"], eps=eps)
+            qkv = ops.linear(y, params[f"{b}.attn.qkv.weight"], params.get(f"{b}.attn.qkv.bias"))
+            q, k, v = (
+                ops.transpose(ops.reshape(part, (-1, t, heads, d // heads)), (0, 2, 1, 3))
+                for part in ops.split(qkv, 3, axis=-1)
+            )
+            attended = ops.reshape(ops.transpose(ops.attention(q, k, v), (0, 2, 1, 3)), (-1, t, d))
+            h = ops.add(h, ops.linear(attended, params[f"{b}.attn.out.weight"], params[f"{b}.attn.out.bias"]))
+            y = ops.layer_norm(h, params[f"{b}.norm2.scale"], params[f"{b}.norm2.offset"], eps=eps)
+            y = ops.gelu(ops.linear(y, params[f"{b}.mlp.fc1.weight"], params[f"{b}.mlp.fc1.bias"]))
+            return ops.add(h, ops.linear(y, params[f"{b}.mlp.fc2.weight"], params[f"{b}.mlp.fc2.bias"]))
+
+        h = _remat.block(ops, run, h, params, f"{b}.", spec.get("remat", False) and train)
     # layer norm is per token: normalising the CLS token alone gives what the classifier reads
     first = ops.layer_norm(ops.take(h, 0, axis=1), params["norm.scale"], params["norm.offset"], eps=eps)
     y = ops.linear(first, params["out.weight"], params["out.bias"])

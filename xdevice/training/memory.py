@@ -7,7 +7,9 @@ Two figures side by side, as Accelerate's ``estimate-memory`` gives the first:
   bfloat16/float16, and the activations: every intermediate array of one training forward,
   counted on the numpy reference at 1 and 2 rows and extrapolated to the batch (a framework
   frees or fuses some of them; the backward pass's temporaries come on top, which the
-  measurement shows);
+  measurement shows). A model built with ``remat=True`` keeps only its blocks' outputs and
+  recomputes one block at a time: every block's output, plus the largest block's
+  intermediates, instead of every block's;
 - **a measurement** by the framework itself where it offers one (``Backend.measure_step``):
   XLA's ``memory_analysis()`` of the compiled step (JAX, any device); what autograd saves for
   the backward pass, or CUDA's peak on a GPU (PyTorch); TensorFlow's peak on a GPU.
@@ -130,6 +132,8 @@ def estimate_memory(
         backend: the framework to measure with (default: the model's, or numpy for a name);
             numpy measures nothing.
         measure: compile (JAX) or run (PyTorch, TensorFlow on a GPU) one step to measure it.
+        **spec: the zoo model's hyper-parameters; ``remat=True`` (real-scale models) counts the
+            activations that recomputing each block in the backward pass keeps.
 
     Raises:
         ConfigurationError: an unknown optimizer or precision, or a batch below 1.
@@ -188,8 +192,19 @@ def _activations(model: Any, batch: int, item_bytes: int) -> int:
 
 
 def _intermediates(model: Any, rows: int, item_bytes: int) -> int:
+    """Bytes kept for the backward pass: every op's result, except inside a recomputed block
+    (``ops.checkpoint``), where only its outputs are kept and the largest block's inside counts
+    once (the one being recomputed)."""
     ops = model.ops
-    counted = [0]
+    counted, recomputed = [0], [0]
+
+    def size(result: Any) -> int:
+        values = result if isinstance(result, (tuple, list)) else (result,)
+        return sum(
+            value.size * item_bytes if value.dtype.kind == "f" else value.nbytes
+            for value in values
+            if hasattr(value, "nbytes") and hasattr(value, "dtype")
+        )
 
     class Counting:  # the op set, counting the size of what each op the model calls returns
         def __getattr__(self, name):
@@ -198,16 +213,18 @@ def _intermediates(model: Any, rows: int, item_bytes: int) -> int:
                 return attribute
 
             def call(*args, **kwargs):
-                result = attribute(*args, **kwargs)
-                for value in result if isinstance(result, (tuple, list)) else (result,):
-                    if hasattr(value, "nbytes") and hasattr(value, "dtype"):
-                        counted[0] += value.size * item_bytes if value.dtype.kind == "f" else value.nbytes
+                before = counted[0]
+                result = attribute(*args, **kwargs)  # a checkpoint counts its block's ops here
+                if name == "checkpoint":
+                    recomputed[0] = max(recomputed[0], counted[0] - before)
+                    counted[0] = before
+                counted[0] += size(result)
                 return result
 
             return call
 
     model.apply(Counting(), model.params, ops.asarray(model.example_input(rows)), train=True)
-    return counted[0]
+    return counted[0] + recomputed[0]
 
 
 def _rows_bytes(model: Any, batch: int) -> int:
@@ -218,15 +235,17 @@ def _measure(
     reference: Any, backend: str, where: Any, rows: int, optimizer: str, precision: str
 ) -> tuple[str, dict[str, int]] | None:
     """The framework's own count of one training step, on a copy of the model (zoo models
-    end in class scores: the labels are class indices)."""
+    end in class scores: the labels are class indices, one per row, or per token for a
+    language model)."""
     import numpy as np
 
     from xdevice.training.trainer import Trainer
 
     trainer = Trainer(reference.to(backend, where), optimizer=optimizer, precision=precision)
     x = reference.example_input(rows)
-    classes = int(reference(reference.example_input(1)).shape[-1])
-    x, y, _ = trainer._place((x, (np.arange(rows) % classes).astype("int64")))
+    *inner, classes = reference(reference.example_input(1)).shape[1:]
+    labels = (np.arange(rows * int(np.prod(inner, dtype=int))) % classes).reshape(rows, *inner)
+    x, y, _ = trainer._place((x, labels.astype("int64")))
     p = trainer.program
     args = (p.params, p.buffers, trainer.state, x, y, trainer._argument(trainer.schedule(0)))
     return _registry.backend(backend).measure_step(trainer._train, args, where)

@@ -751,9 +751,14 @@ def fit(
     stages: Sequence[Any] | None = None,
     precision: str = "float32",
     metrics: Sequence[str | Callable] | None = None,
+    remat: bool = False,
     **options: Any,
 ) -> History:
     """Train ``model`` on ``data`` for ``epochs``; see :class:`Trainer` and :meth:`Trainer.fit`.
+
+    ``remat=True`` recomputes each block's activations in the backward pass instead of keeping
+    them (a real-scale zoo model: ``bert``, ``gpt2``, ``llama``, ``vit``, ``resnet50``): less
+    memory for about one more forward pass. It sets the model's ``remat`` for this run only.
 
     Optimizer settings (``lr``, ``momentum``, ``weight_decay``...), the trainer's (``clip_norm``,
     ``accumulate``...) and fit settings (``batch_size``, ``seed``, ``validation``, ``drop_last``,
@@ -762,7 +767,8 @@ def fit(
     is refused with the nearest one.
 
     Raises:
-        ConfigurationError: an unknown option, or data the model and loss cannot take.
+        ConfigurationError: an unknown option, data the model and loss cannot take, or
+            ``remat=True`` for a model without blocks to recompute.
     """
     for alias, name in _FIT_ALIASES.items():
         if alias in options:
@@ -774,18 +780,48 @@ def fit(
     _check_options(options, optimizer, _FIT_OWN | _FIT_OPTIONS | _TRAINER_OPTIONS | set(_FIT_ALIASES), "fit")
     fit_options = {k: v for k, v in options.items() if k in _FIT_OPTIONS}
     optimizer_options = {k: v for k, v in options.items() if k not in _FIT_OPTIONS}
-    trainer = Trainer(
-        model,
-        loss,
-        optimizer,
-        device=device,
-        devices=devices,
-        stages=stages,
-        precision=precision,
-        metrics=metrics,
-        **optimizer_options,
+    spec = _remat_spec(model) if remat else None
+    if spec is not None:
+        model.spec = {**spec, "remat": True}
+    try:
+        trainer = Trainer(
+            model,
+            loss,
+            optimizer,
+            device=device,
+            devices=devices,
+            stages=stages,
+            precision=precision,
+            metrics=metrics,
+            **optimizer_options,
+        )
+        return trainer.fit(data, epochs, **fit_options)
+    finally:
+        if spec is not None:
+            model.spec = spec
+
+
+def _remat_spec(model: Any) -> dict[str, Any]:
+    """The spec of a zoo model that takes ``remat``; anything else is refused with the fix."""
+    from xdevice import models
+
+    takes = [name for name in models.PRETRAINED if "remat" in models.definition(name).DEFAULTS]
+    if isinstance(model, models.Model):
+        if model.name in takes:
+            return model.spec
+        received = model.name
+        fix = f"fit without remat: {model.name!r} has no blocks to recompute"
+    else:
+        received = type(model).__name__
+        fix = "recompute inside the model (torch.utils.checkpoint, jax.checkpoint, tf.recompute_grad)"
+    raise ConfigurationError(
+        message(
+            "remat=True recomputes the blocks of a real-scale zoo model in the backward pass",
+            expected=f"a zoo model built as one of {', '.join(takes)}",
+            received=received,
+            fix=fix,
+        )
     )
-    return trainer.fit(data, epochs, **fit_options)
 
 
 #: fit's named keywords; Trainer.fit's options; the Trainer's own options (beyond the optimizer's)
