@@ -9,6 +9,16 @@ import textwrap
 
 import pytest
 
+try:  # the test extra; a bare GPU image may lack it
+    from hypothesis import HealthCheck, settings
+
+    # Machines here are shared: a draw or an example that a busy neighbour slows down is not a
+    # defect of the property, so no timing checks (the properties themselves still run in full).
+    settings.register_profile("shared", deadline=None, suppress_health_check=[HealthCheck.too_slow])
+    settings.load_profile("shared")
+except ImportError:
+    pass
+
 
 @pytest.fixture
 def run_python():
