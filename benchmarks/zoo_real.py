@@ -322,21 +322,28 @@ def keras_output(name: str, out, head):
     return ops.matmul(out, head)  # gpt2, llama: the tied projection, embedding transposed
 
 
+def keras_pairs(framework: str, args: argparse.Namespace):
+    """``(name, zoo model, note, inputs, keras-hub backbone parts)`` for each model asked for,
+    on ``framework`` (jax or tensorflow); a configuration keras-hub refuses is said and skipped."""
+    for name in args.models:
+        model, note = zoo_model(name, framework, args)
+        data = inputs_of(name, model.spec)
+        try:
+            backbone = keras_backbone(name, model.spec)
+        except ValueError as error:  # keras-hub's ResNet insists on a 64-filter first stage
+            print(f"{name:<9} {framework_name()} keras-hub refuses this configuration: {error}", flush=True)
+            continue
+        yield name, model, note, data, backbone
+
+
 def jax_worker(args: argparse.Namespace) -> None:
     import jax
     import jax.numpy as jnp
 
     from xdevice.models import definition
 
-    for name in args.models:
-        model, note = zoo_model(name, "jax", args)
+    for name, model, note, data, (backbone, keras_in, features, classes) in keras_pairs("jax", args):
         spec, apply, ops = model.spec, definition(name).apply, model.ops
-        data = inputs_of(name, spec)
-        try:
-            backbone, keras_in, features, classes = keras_backbone(name, spec)
-        except ValueError as error:  # keras-hub's ResNet insists on a 64-filter first stage
-            print(f"{name:<9} {framework_name()} keras-hub refuses this configuration: {error}", flush=True)
-            continue
         head = jnp.asarray(head_of(name, spec, features, classes))
         x = jnp.asarray(data["x"])
         extra = {} if name in IMAGES else {"attention_mask": jnp.asarray(data["mask"])}
@@ -405,15 +412,8 @@ def tensorflow_worker(args: argparse.Namespace) -> None:
 
     from xdevice.models import definition
 
-    for name in args.models:
-        model, note = zoo_model(name, "tensorflow", args)
+    for name, model, note, data, (backbone, keras_in, features, classes) in keras_pairs("tensorflow", args):
         spec, apply, ops = model.spec, definition(name).apply, model.ops
-        data = inputs_of(name, spec)
-        try:
-            backbone, keras_in, features, classes = keras_backbone(name, spec)
-        except ValueError as error:  # keras-hub's ResNet insists on a 64-filter first stage
-            print(f"{name:<9} {framework_name()} keras-hub refuses this configuration: {error}", flush=True)
-            continue
         head = tf.Variable(head_of(name, spec, features, classes))
         x = tf.constant(data["x"])
         extra = {} if name in IMAGES else {"attention_mask": tf.constant(data["mask"])}

@@ -13,6 +13,8 @@ import xdevice
 from xdevice import ConfigurationError, ConversionError, fit, models
 from xdevice.models import bert
 
+from .reference import randomised, relative
+
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
@@ -42,10 +44,6 @@ def _run(module, inputs: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]
     return out.last_hidden_state.numpy(), out.pooler_output.numpy()
 
 
-def _relative(actual, expected) -> float:
-    return float(np.linalg.norm(np.asarray(actual, np.float64) - expected) / np.linalg.norm(expected))
-
-
 def _zoo(model: models.Model, inputs: dict[str, np.ndarray], output: str = "last_hidden_state") -> np.ndarray:
     if output != model.spec["output"]:  # the same weights, the other output
         model = models.Model("bert", {**model.spec, "output": output}, model.params, model.backend, model.device)
@@ -58,10 +56,7 @@ def _zoo(model: models.Model, inputs: dict[str, np.ndarray], output: str = "last
 def saved(tmp_path_factory):
     """A ``BertModel`` with every tensor random (norms and biases too), saved; and its outputs."""
     torch.manual_seed(0)
-    module = transformers.BertModel(transformers.BertConfig(**CONFIG)).eval()
-    with torch.no_grad():
-        for parameter in module.parameters():
-            parameter.add_(0.1 * torch.randn_like(parameter))
+    module = randomised(transformers.BertModel(transformers.BertConfig(**CONFIG)), 0.1)
     folder = tmp_path_factory.mktemp("bert")
     module.save_pretrained(folder)
     return folder, _run(module, _inputs())
@@ -70,8 +65,18 @@ def saved(tmp_path_factory):
 def test_a_transformers_folder_loads_and_matches_bert_model(backend, saved):
     folder, (hidden, pooled) = saved
     model = models.build("bert", backend=backend.name, weights=folder)
-    assert _relative(_zoo(model, _inputs()), hidden) <= 1e-4
-    assert _relative(_zoo(model, _inputs(), "pooled"), pooled) <= 1e-4
+    assert relative(_zoo(model, _inputs()), hidden) <= 1e-4
+    assert relative(_zoo(model, _inputs(), "pooled"), pooled) <= 1e-4
+    pooler = models.build("bert", backend=backend.name, weights=folder, output="pooled")  # an option beside config.json
+    assert relative(_zoo(pooler, _inputs(), "pooled"), pooled) <= 1e-4
+
+
+def test_a_folder_s_sizes_are_its_own_and_an_unknown_option_is_refused(saved):
+    folder, _ = saved
+    with pytest.raises(ConfigurationError, match=r"comes from the folder's config.json.*\['width'\]"):
+        models.build("bert", weights=folder, width=64)
+    with pytest.raises(ConfigurationError, match=r"Unknown hyper-parameter for 'bert'.*\['outputs'\]"):
+        models.build("bert", weights=folder, outputs="pooled")
 
 
 def test_a_masked_lm_folder_loads_under_its_bert_prefix_without_a_pooler(tmp_path):
@@ -82,15 +87,15 @@ def test_a_masked_lm_folder_loads_under_its_bert_prefix_without_a_pooler(tmp_pat
     with torch.no_grad():
         hidden = module.bert(**{k: torch.as_tensor(v) for k, v in _inputs().items()}).last_hidden_state.numpy()
     assert not model.spec["pooler"]
-    assert _relative(_zoo(model, _inputs()), hidden) <= 1e-4
+    assert relative(_zoo(model, _inputs()), hidden) <= 1e-4
 
 
 def test_save_pretrained_round_trips_through_transformers(tmp_path):
     model = models.build("bert", seed=3, **bert.SMALL)
     model.save_pretrained(tmp_path)
     hidden, pooled = _run(transformers.BertModel.from_pretrained(tmp_path).eval(), _inputs())
-    assert _relative(_zoo(model, _inputs()), hidden) <= 1e-4
-    assert _relative(_zoo(model, _inputs(), "pooled"), pooled) <= 1e-4
+    assert relative(_zoo(model, _inputs()), hidden) <= 1e-4
+    assert relative(_zoo(model, _inputs(), "pooled"), pooled) <= 1e-4
 
 
 @pytest.mark.parametrize(

@@ -13,6 +13,8 @@ import xdevice
 from xdevice import ConfigurationError, fit, models
 from xdevice.models import gpt2
 
+from .reference import logits, randomised, relative
+
 #: a tiny GPT2Config: 2 blocks, width 32, 4 heads, 32 positions, 96 token ids
 CONFIG = {
     "vocab_size": 96,
@@ -35,23 +37,7 @@ def transformers_model(seed: int = 0, **overrides):
     import transformers
 
     torch.manual_seed(seed)
-    model = transformers.GPT2LMHeadModel(transformers.GPT2Config(**{**CONFIG, **overrides})).eval()
-    with torch.no_grad():
-        for value in model.parameters():
-            value.add_(0.2 * torch.randn_like(value))
-    return model
-
-
-def logits(model, ids, mask=None):
-    import torch
-
-    with torch.no_grad():
-        given = {} if mask is None else {"attention_mask": torch.as_tensor(mask)}
-        return model(torch.as_tensor(ids), **given).logits.numpy()
-
-
-def relative(actual, expected) -> float:
-    return float(np.linalg.norm(np.asarray(actual, np.float64) - expected) / np.linalg.norm(expected))
+    return randomised(transformers.GPT2LMHeadModel(transformers.GPT2Config(**{**CONFIG, **overrides})), 0.2)
 
 
 @pytest.fixture(scope="module")

@@ -15,6 +15,8 @@ import xdevice
 from xdevice import ConfigurationError, fit, models
 from xdevice.models import llama
 
+from .reference import logits, randomised, relative
+
 #: Llama 3.2's rope scaling and tied head at a tiny size; 4 query heads share 2 key/value heads
 LLAMA3 = {
     "vocab_size": 96,
@@ -58,23 +60,8 @@ def transformers_model(config: dict | None = None, seed: int = 0, **overrides):
     import transformers
 
     torch.manual_seed(seed)
-    model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**{**(config or LLAMA3), **overrides})).eval()
-    with torch.no_grad():
-        for value in model.parameters():
-            value.add_(0.2 * torch.randn_like(value))
-    return model
-
-
-def logits(model, ids, mask=None):
-    import torch
-
-    with torch.no_grad():
-        given = {} if mask is None else {"attention_mask": torch.as_tensor(mask)}
-        return model(torch.as_tensor(ids), **given).logits.numpy()
-
-
-def relative(actual, expected) -> float:
-    return float(np.linalg.norm(np.asarray(actual, np.float64) - expected) / np.linalg.norm(expected))
+    config = transformers.LlamaConfig(**{**(config or LLAMA3), **overrides})
+    return randomised(transformers.LlamaForCausalLM(config), 0.2)
 
 
 @pytest.fixture(scope="module")

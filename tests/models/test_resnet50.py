@@ -10,8 +10,9 @@ import pytest
 
 import xdevice
 from xdevice import ConfigurationError, fit, models
-from xdevice._tolerance import compare
 from xdevice.models import resnet50
+
+from .reference import assert_close, logits
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -35,20 +36,8 @@ def transformers_resnet(seed: int = 0, **config):
     return module.eval()
 
 
-def logits(module, x: np.ndarray) -> np.ndarray:
-    with torch.no_grad():
-        return module(torch.from_numpy(x)).logits.numpy()
-
-
 def images(rows: int = 3, side: int = 48) -> np.ndarray:
     return np.random.default_rng(0).normal(size=(rows, 3, side, side)).astype(np.float32)
-
-
-def assert_close(actual, expected) -> None:
-    """fp32 against transformers: relative error <= 1e-4, elementwise (xdevice's table) and normwise."""
-    actual = np.asarray(actual)
-    assert compare(actual, expected, "float32", scale=float(np.abs(expected).max())).ok, compare(actual, expected)
-    assert np.linalg.norm(actual - expected) <= 1e-4 * np.linalg.norm(expected)
 
 
 @pytest.fixture(scope="module")

@@ -10,8 +10,9 @@ import pytest
 
 import xdevice
 from xdevice import ConfigurationError, fit, models
-from xdevice._tolerance import compare
 from xdevice.models import vit
+
+from .reference import assert_close, logits, randomised
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -31,27 +32,11 @@ def transformers_vit(seed: int = 0, **config):
     """A ViTForImageClassification with every weight random (fresh layer norms are the
     identity, which would hide a swapped scale and offset)."""
     torch.manual_seed(seed)
-    module = transformers.ViTForImageClassification(transformers.ViTConfig(**{**CONFIG, **config}))
-    with torch.no_grad():
-        for value in module.parameters():
-            value.add_(torch.randn_like(value) * 0.1)
-    return module.eval()
-
-
-def logits(module, x: np.ndarray) -> np.ndarray:
-    with torch.no_grad():
-        return module(torch.from_numpy(x)).logits.numpy()
+    return randomised(transformers.ViTForImageClassification(transformers.ViTConfig(**{**CONFIG, **config})), 0.1)
 
 
 def images(rows: int = 3, side: int = 32) -> np.ndarray:
     return np.random.default_rng(0).normal(size=(rows, 3, side, side)).astype(np.float32)
-
-
-def assert_close(actual, expected) -> None:
-    """fp32 against transformers: relative error <= 1e-4, elementwise (xdevice's table) and normwise."""
-    actual = np.asarray(actual)
-    assert compare(actual, expected, "float32", scale=float(np.abs(expected).max())).ok, compare(actual, expected)
-    assert np.linalg.norm(actual - expected) <= 1e-4 * np.linalg.norm(expected)
 
 
 @pytest.fixture(scope="module")

@@ -8,6 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from tests.models.reference import relative
 from xdevice import models
 
 pytestmark = pytest.mark.realworld
@@ -28,10 +29,6 @@ SHAPES = {
 def example(model: models.Model) -> np.ndarray:
     x = model.example_input(batch=1, seed=0)
     return np.ascontiguousarray(x[:, :TOKENS]) if x.ndim == 2 else x
-
-
-def relative(actual, expected) -> float:
-    return float(np.linalg.norm(np.asarray(actual, np.float64) - expected) / np.linalg.norm(expected))
 
 
 @pytest.mark.parametrize("name", list(SHAPES))

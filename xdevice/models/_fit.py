@@ -34,6 +34,9 @@ __all__ = [
     "lossless",
     "takes_tokens",
     "image_fitting",
+    "pooled_image_fitting",
+    "token_fitting",
+    "check_heads",
     "check_image",
     "build_call",
     "literal",
@@ -105,6 +108,40 @@ def image_fitting(spec: dict[str, Any], row: tuple[int, ...]) -> Fitting | None:
             if size % channels == 0 and side * side * channels == size:
                 return Fitting(f"x.reshape(-1, {channels}, {side}, {side})", {"image": [channels, side, side]})
     return Fitting()
+
+
+def pooled_image_fitting(spec: dict[str, Any], row: tuple[int, ...]) -> Fitting | None:
+    """Global average pooling takes any height and width (``resnet``, ``resnet50``): only the
+    channels must agree."""
+    if len(row) == 3 and row[0] == spec["image"][0]:
+        return None
+    return image_fitting(spec, row)
+
+
+def token_fitting(spec: dict[str, Any], row: tuple[int, ...]) -> Fitting | None:
+    """Rows of at most ``length`` token ids, for a model whose position embedding has that many
+    rows (``transformer``, ``bert``, ``gpt2``)."""
+    if len(row) != 1:
+        return Fitting()
+    return None if row[0] <= spec["length"] else Fitting(None, {"length": row[0]})
+
+
+def check_heads(title: str, spec: dict[str, Any]) -> None:
+    """The attention heads split the width evenly.
+
+    Raises:
+        ConfigurationError: ``width % heads``, with the nearest width that fits.
+    """
+    width, heads = spec["width"], spec["heads"]
+    if width % heads:
+        raise ConfigurationError(
+            message(
+                f"The attention heads must split {title}'s width evenly",
+                expected=f"a width that heads={heads} divides",
+                received=f"width={width}, heads={heads}",
+                fix=f"width={width - width % heads or heads}, or another heads",
+            )
+        )
 
 
 def build_call(name: str, spec: dict[str, Any], changes: dict[str, Any], backend: str) -> str:

@@ -1,4 +1,5 @@
-"""Parameter tables and seeded numpy initialisation, shared by every zoo model.
+"""Parameter tables and seeded numpy initialisation, shared by every zoo model, and the batch
+norm that updates its running buffers (``resnet``, ``resnet50``).
 
 A model lists its parameters as ``{name: Param}``, in a fixed order; initialising draws
 them one after another from one ``numpy.random.Generator``, so a seed fixes every weight
@@ -14,7 +15,7 @@ import math
 
 import numpy as np
 
-__all__ = ["Param", "initialise", "dense", "conv", "norm"]
+__all__ = ["Param", "initialise", "dense", "conv", "norm", "batch_norm"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,3 +70,19 @@ def norm(prefix: str, size: int, running: bool = False) -> dict[str, Param]:
         table[f"{prefix}.mean"] = Param((size,), "zeros", trainable=False)
         table[f"{prefix}.var"] = Param((size,), "ones", trainable=False)
     return table
+
+
+def batch_norm(ops, params: dict, name: str, x, spec: dict, train: bool, updates: dict):
+    """Batch norm ``name`` over NCHW ``x``: the running ``mean`` and ``var`` in inference; in
+    training the batch's statistics, with the new running values put in ``updates`` (PyTorch's
+    rule: momentum ``spec["momentum"]``, unbiased variance), not assigned in place."""
+    p = {k: params[f"{name}.{k}"] for k in ("scale", "offset", "mean", "var")}
+    if not train:
+        return ops.batch_norm(x, p["scale"], p["offset"], p["mean"], p["var"], spec["eps"])
+    y, mean, var = ops.batch_norm_train(x, p["scale"], p["offset"], spec["eps"])
+    n = ops.shape(x)[0] * ops.shape(x)[2] * ops.shape(x)[3]
+    m = spec["momentum"]
+    updates[f"{name}.mean"] = ops.add(ops.multiply(p["mean"], 1 - m), ops.multiply(ops.stop_gradient(mean), m))
+    unbiased = ops.multiply(ops.stop_gradient(var), n / (n - 1))
+    updates[f"{name}.var"] = ops.add(ops.multiply(p["var"], 1 - m), ops.multiply(unbiased, m))
+    return y

@@ -91,8 +91,9 @@ class Model:
         if not tokens and lossless(input_dtype(x, self.ops), weights):
             x = self.ops.cast(self.ops.asarray(x), weights)
         self.check_input(x)
+        if inputs:  # checked by name before any is converted
+            self._check_inputs(inputs)
         extra = {key: backend.to_device(self.ops.asarray(value), self.device) for key, value in inputs.items()}
-        self._check_inputs(extra)
         return self.apply(
             self.ops, self.params, backend.to_device(self.ops.asarray(x), self.device), train=train, **extra
         )
@@ -256,14 +257,6 @@ def _from_transformers(name: str, module: Any, path: Any, backend: str, device: 
                 fix="models.load(path) reads a file written by Model.save",
             )
         )
-    if spec:
-        raise ConfigurationError(
-            message(
-                "With weights=, the configuration comes from the folder's config.json",
-                received=sorted(spec),
-                fix="leave the hyper-parameters out, or edit config.json",
-            )
-        )
     from xdevice.models import _pretrained
 
     config, tensors = _pretrained.read(path)
@@ -278,7 +271,23 @@ def _from_transformers(name: str, module: Any, path: Any, backend: str, device: 
                 or None,
             )
         )
-    full = {**module.DEFAULTS, **module.spec_from_config(config)}
+    found_spec = module.spec_from_config(config)
+    # options config.json does not hold (bert's output, remat) may be given; its sizes may not
+    clashing, unknown = sorted(set(spec) & set(found_spec)), sorted(set(spec) - set(module.DEFAULTS))
+    if clashing or unknown:
+        raise ConfigurationError(
+            message(
+                "With weights=, the configuration comes from the folder's config.json"
+                if clashing
+                else f"Unknown hyper-parameter for {name!r}",
+                received=clashing or unknown,
+                choices=sorted(set(module.DEFAULTS) - set(found_spec)) or None,
+                fix="leave those out, or edit config.json" if clashing else None,
+            )
+        )
+    full = {**module.DEFAULTS, **found_spec, **spec}
+    if hasattr(module, "check"):
+        module.check(full)
     arrays = module.params_from_transformers(tensors, full)
     table = module.parameters(full)
     missing = [key for key in table if key not in arrays]

@@ -21,7 +21,7 @@ import numpy as np
 
 from xdevice._errors import ConfigurationError, ConversionError, message
 
-__all__ = ["read", "write", "refuse", "take"]
+__all__ = ["read", "write", "refuse", "take", "classes"]
 
 _SINGLE, _INDEX = "model.safetensors", "model.safetensors.index.json"
 
@@ -127,3 +127,8 @@ def take(tensors: dict[str, np.ndarray], key: str, *, prefixes: tuple[str, ...] 
             fix="check that the folder holds the architecture the zoo model mirrors",
         )
     )
+
+
+def classes(config: dict[str, Any]) -> int:
+    """transformers' ``num_labels``: the length of ``id2label`` when the config has one."""
+    return len(config["id2label"]) if config.get("id2label") else int(config.get("num_labels", 2))

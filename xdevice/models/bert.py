@@ -10,9 +10,8 @@ goes through the op set's ``attention``, so each backend's fused kernel runs it.
 Two outputs, one model: ``output="last_hidden_state"`` (the default, ``BertModel``'s
 ``last_hidden_state``) or ``output="pooled"`` (its ``pooler_output``). A spec option rather
 than a pair of arrays, so the model keeps one output for ``fit``, export and serving. A
-model loaded with ``weights=`` takes its spec from ``config.json``; its pooled twin is
-``models.Model("bert", {**model.spec, "output": "pooled"}, model.params, model.backend,
-model.device)``, sharing the weights.
+model loaded with ``weights=`` takes its sizes from ``config.json`` and the option beside
+them: ``models.build("bert", weights=folder, output="pooled")``.
 
 Inputs besides the ids: ``attention_mask`` (1 for real tokens, 0 for padding; default all
 ones) hides padded keys from every query, as ``BertModel`` does; ``token_type_ids`` (segment
@@ -32,7 +31,7 @@ import numpy as np
 
 from xdevice._errors import ConfigurationError, ConversionError, message
 from xdevice.models import _pretrained, _remat
-from xdevice.models._fit import Fitting
+from xdevice.models._fit import check_heads, token_fitting
 from xdevice.models._init import Param
 
 DEFAULTS: dict[str, Any] = {
@@ -83,15 +82,7 @@ _NO_POOLER = ("BertForMaskedLM", "BertLMHeadModel", "BertForTokenClassification"
 
 
 def check(spec: dict) -> None:
-    if spec["width"] % spec["heads"]:
-        raise ConfigurationError(
-            message(
-                "The attention heads must split BERT's width evenly",
-                expected=f"a width that heads={spec['heads']} divides",
-                received=f"width={spec['width']}, heads={spec['heads']}",
-                fix=f"width={spec['width'] - spec['width'] % spec['heads'] or spec['heads']}, or another heads",
-            )
-        )
+    check_heads("BERT", spec)
     if spec["output"] not in OUTPUTS:
         raise ConfigurationError(message("Unknown output for 'bert'", received=spec["output"], choices=OUTPUTS))
     if spec["output"] == "pooled" and not spec["pooler"]:
@@ -173,11 +164,7 @@ def apply(ops, params, x, spec, train=False, attention_mask=None, token_type_ids
     return (h, {}) if train else h
 
 
-def fitting(spec: dict, row: tuple[int, ...]) -> Fitting | None:
-    """Rows of at most ``length`` token ids (the position embedding has that many rows)."""
-    if len(row) != 1:
-        return Fitting()
-    return None if row[0] <= spec["length"] else Fitting(None, {"length": row[0]})
+fitting = token_fitting
 
 
 def example_input(spec: dict, batch: int, rng: np.random.Generator) -> np.ndarray:

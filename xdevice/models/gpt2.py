@@ -16,9 +16,8 @@ from typing import Any
 
 import numpy as np
 
-from xdevice._errors import ConfigurationError, message
 from xdevice.models import _pretrained, _remat
-from xdevice.models._fit import Fitting
+from xdevice.models._fit import check_heads, token_fitting
 from xdevice.models._generate import Decoder
 from xdevice.models._init import Param, norm
 
@@ -58,15 +57,7 @@ _PREFIXES = ("transformer.", "")
 
 
 def check(spec: dict) -> None:
-    if spec["width"] % spec["heads"]:
-        raise ConfigurationError(
-            message(
-                "The attention heads must split GPT-2's width evenly",
-                expected=f"a width that heads={spec['heads']} divides",
-                received=f"width={spec['width']}, heads={spec['heads']}",
-                fix=f"width={spec['width'] - spec['width'] % spec['heads'] or spec['heads']}, or another heads",
-            )
-        )
+    check_heads("GPT-2", spec)
 
 
 def parameters(spec: dict) -> dict[str, Param]:
@@ -134,11 +125,7 @@ def apply(ops, params, x, spec, train=False, attention_mask=None, cache=None, po
     return decoder.result(ops.matmul(h, head), train)
 
 
-def fitting(spec: dict, row: tuple[int, ...]) -> Fitting | None:
-    """Rows of at most ``length`` token ids (the position embedding has that many rows)."""
-    if len(row) != 1:
-        return Fitting()
-    return None if row[0] <= spec["length"] else Fitting(None, {"length": row[0]})
+fitting = token_fitting
 
 
 def example_input(spec: dict, batch: int, rng: np.random.Generator) -> np.ndarray:

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from xdevice.models._fit import Fitting, check_image, image_fitting
-from xdevice.models._init import Param, conv, dense, norm
+from xdevice.models._fit import check_image, pooled_image_fitting
+from xdevice.models._init import Param, batch_norm, conv, dense, norm
 
 DEFAULTS = {"widths": [16, 32, 64], "image": [3, 32, 32], "classes": 10, "momentum": 0.1, "eps": 1e-5}
 HYPERPARAMETERS = {
@@ -47,19 +47,10 @@ def parameters(spec: dict) -> dict[str, Param]:
 
 
 def apply(ops, params, x, spec, train=False):
-    updates = {}
+    updates: dict = {}
 
     def bn(name, x):
-        p = {k: params[f"{name}.{k}"] for k in ("scale", "offset", "mean", "var")}
-        if not train:
-            return ops.batch_norm(x, p["scale"], p["offset"], p["mean"], p["var"], spec["eps"])
-        y, mean, var = ops.batch_norm_train(x, p["scale"], p["offset"], spec["eps"])
-        n = ops.shape(x)[0] * ops.shape(x)[2] * ops.shape(x)[3]
-        m = spec["momentum"]
-        updates[f"{name}.mean"] = ops.add(ops.multiply(p["mean"], 1 - m), ops.multiply(ops.stop_gradient(mean), m))
-        unbiased = ops.multiply(ops.stop_gradient(var), n / (n - 1))
-        updates[f"{name}.var"] = ops.add(ops.multiply(p["var"], 1 - m), ops.multiply(unbiased, m))
-        return y
+        return batch_norm(ops, params, name, x, spec, train, updates)
 
     x = ops.relu(bn("stem.bn", ops.conv(x, params["stem.conv.weight"], padding=1)))
     for i in range(len(spec["widths"])):
@@ -73,11 +64,7 @@ def apply(ops, params, x, spec, train=False):
     return (logits, updates) if train else logits
 
 
-def fitting(spec: dict, row: tuple[int, ...]) -> Fitting | None:
-    """Global average pooling takes any height and width: only the channels must agree."""
-    if len(row) == 3 and row[0] == spec["image"][0]:
-        return None
-    return image_fitting(spec, row)
+fitting = pooled_image_fitting
 
 
 def example_input(spec: dict, batch: int, rng: np.random.Generator) -> np.ndarray:

@@ -26,8 +26,8 @@ import numpy as np
 
 from xdevice._errors import ConfigurationError, ConversionError, message
 from xdevice.models import _pretrained, _remat
-from xdevice.models._fit import Fitting, check_image, image_fitting
-from xdevice.models._init import Param, conv, dense, norm
+from xdevice.models._fit import check_image, pooled_image_fitting
+from xdevice.models._init import Param, batch_norm, conv, dense, norm
 
 DEFAULTS: dict[str, Any] = {
     "image": [3, 224, 224],
@@ -137,16 +137,7 @@ def apply(ops, params, x, spec, train=False):
     updates: dict = {}
 
     def bn(name, x, params, updates):
-        p = {k: params[f"{name}.{k}"] for k in ("scale", "offset", "mean", "var")}
-        if not train:
-            return ops.batch_norm(x, p["scale"], p["offset"], p["mean"], p["var"], spec["eps"])
-        y, mean, var = ops.batch_norm_train(x, p["scale"], p["offset"], spec["eps"])
-        n = ops.shape(x)[0] * ops.shape(x)[2] * ops.shape(x)[3]
-        m = spec["momentum"]
-        updates[f"{name}.mean"] = ops.add(ops.multiply(p["mean"], 1 - m), ops.multiply(ops.stop_gradient(mean), m))
-        unbiased = ops.multiply(ops.stop_gradient(var), n / (n - 1))
-        updates[f"{name}.var"] = ops.add(ops.multiply(p["var"], 1 - m), ops.multiply(unbiased, m))
-        return y
+        return batch_norm(ops, params, name, x, spec, train, updates)
 
     x = ops.relu(bn("stem.bn", ops.conv(x, params["stem.conv.weight"], stride=2, padding=3), params, updates))
     x = ops.max_pool(x, 3, stride=2, padding=1)
@@ -175,11 +166,7 @@ def apply(ops, params, x, spec, train=False):
     return (logits, updates) if train else logits
 
 
-def fitting(spec: dict, row: tuple[int, ...]) -> Fitting | None:
-    """Global average pooling takes any height and width: only the channels must agree."""
-    if len(row) == 3 and row[0] == spec["image"][0]:
-        return None
-    return image_fitting(spec, row)
+fitting = pooled_image_fitting
 
 
 def example_input(spec: dict, batch: int, rng: np.random.Generator) -> np.ndarray:
@@ -208,11 +195,6 @@ def _names(spec: dict) -> dict[str, str]:
     return names
 
 
-def _classes(config: dict) -> int:
-    """transformers' ``num_labels``: the length of ``id2label`` when the config has one."""
-    return len(config["id2label"]) if config.get("id2label") else int(config.get("num_labels", 2))
-
-
 def spec_from_config(config: dict) -> dict:
     """The spec from a ``ResNetConfig`` dict; ``hidden_act`` other than ``relu`` is refused."""
     _pretrained.refuse("resnet50", config, "hidden_act", "relu")
@@ -233,7 +215,7 @@ def spec_from_config(config: dict) -> dict:
         "block": config.get("layer_type", "bottleneck"),
         "downsample_in_first_stage": bool(config.get("downsample_in_first_stage", False)),
         "downsample_in_bottleneck": bool(config.get("downsample_in_bottleneck", False)),
-        "classes": _classes(config),
+        "classes": _pretrained.classes(config),
     }
     check({**DEFAULTS, **spec})
     return spec

@@ -7,8 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from xdevice._errors import ConfigurationError, message
-from xdevice.models._fit import Fitting
+from xdevice.models._fit import check_heads, token_fitting
 from xdevice.models._init import Param, dense, norm
 
 DEFAULTS = {"vocab": 1000, "length": 32, "width": 64, "heads": 4, "mlp": 128, "blocks": 2, "classes": 10, "eps": 1e-5}
@@ -27,15 +26,7 @@ OUTPUT = "float[rows, classes]: logits from the masked mean over the tokens (no 
 
 
 def check(spec: dict) -> None:
-    if spec["width"] % spec["heads"]:
-        raise ConfigurationError(
-            message(
-                "The attention heads must split the transformer's width evenly",
-                expected=f"a width that heads={spec['heads']} divides",
-                received=f"width={spec['width']}, heads={spec['heads']}",
-                fix=f"width={spec['width'] - spec['width'] % spec['heads'] or spec['heads']}, or another heads",
-            )
-        )
+    check_heads("the transformer", spec)
 
 
 def parameters(spec: dict) -> dict[str, Param]:
@@ -83,11 +74,7 @@ def apply(ops, params, x, spec, train=False):
     return (y, {}) if train else y
 
 
-def fitting(spec: dict, row: tuple[int, ...]) -> Fitting | None:
-    """Rows of at most ``length`` token ids (the position embedding has that many rows)."""
-    if len(row) != 1:
-        return Fitting()
-    return None if row[0] <= spec["length"] else Fitting(None, {"length": row[0]})
+fitting = token_fitting
 
 
 def example_input(spec: dict, batch: int, rng: np.random.Generator) -> np.ndarray:

@@ -22,7 +22,7 @@ import numpy as np
 
 from xdevice._errors import ConfigurationError, message
 from xdevice.models import _pretrained, _remat
-from xdevice.models._fit import Fitting, check_image, image_fitting
+from xdevice.models._fit import Fitting, check_heads, check_image, image_fitting
 from xdevice.models._init import Param, conv, dense, norm
 
 DEFAULTS: dict[str, Any] = {
@@ -76,15 +76,7 @@ def check(spec: dict) -> None:
                 received=f"patch={spec['patch']}, image={spec['image']}",
             )
         )
-    if spec["width"] % spec["heads"]:
-        raise ConfigurationError(
-            message(
-                "The attention heads must split ViT's width evenly",
-                expected=f"a width that heads={spec['heads']} divides",
-                received=f"width={spec['width']}, heads={spec['heads']}",
-                fix=f"width={spec['width'] - spec['width'] % spec['heads'] or spec['heads']}, or another heads",
-            )
-        )
+    check_heads("ViT", spec)
 
 
 def _patches(spec: dict) -> int:
@@ -180,11 +172,6 @@ def _pair(value: Any, field: str) -> tuple[int, int]:
     return int(value), int(value)
 
 
-def _classes(config: dict) -> int:
-    """transformers' ``num_labels``: the length of ``id2label`` when the config has one."""
-    return len(config["id2label"]) if config.get("id2label") else int(config.get("num_labels", 2))
-
-
 def spec_from_config(config: dict) -> dict:
     """The spec from a ``ViTConfig`` dict; fields that change the math and are not computed are refused."""
     _pretrained.refuse("vit", config, "hidden_act", "gelu")
@@ -209,7 +196,7 @@ def spec_from_config(config: dict) -> dict:
         "layers": int(config.get("num_hidden_layers", 12)),
         "heads": heads,
         "mlp": int(config.get("intermediate_size", 3072)),
-        "classes": _classes(config),
+        "classes": _pretrained.classes(config),
         "qkv_bias": bool(config.get("qkv_bias", True)),
         "eps": float(config.get("layer_norm_eps", 1e-12)),
     }
