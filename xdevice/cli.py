@@ -183,7 +183,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="memory per device to train a zoo model: arithmetic "
         "and the framework's own measurement, against the device or its limit",
     )
-    sizing.add_argument("model", metavar="MODEL", help="a zoo model name (mlp, cnn, resnet, lstm, transformer)")
+    sizing.add_argument("model", metavar="MODEL", help="a zoo model name (xdevice models lists them)")
     sizing.add_argument("--batch", type=int, required=True, help="rows per device")
     sizing.add_argument("--optimizer", default="adam", choices=["sgd", "momentum", "adam", "adamw"])
     sizing.add_argument(
