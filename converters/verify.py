@@ -3,6 +3,12 @@
 ONNX Runtime runs the model on the CPU; every output is compared with the source framework's
 under ``xdevice._tolerance``'s table, and a disagreement raises ``ConversionError`` naming the
 output, the worst index and both values.
+
+The session is built by ``xdevice._onnxruntime`` under ``xdevice.configure``'s settings, as
+every session xdevice creates. Each check states the precision it ran under: ONNX Runtime's
+CPU provider computes float32 in IEEE float32 whatever the setting, and the source ran under
+the process-wide float32 matmul precision (``Verification.precision``), which is below IEEE
+float32 on a GPU unless it is ``"highest"``.
 """
 
 from __future__ import annotations
@@ -12,6 +18,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from xdevice import _configure, _onnxruntime
+from xdevice._device import Device
 from xdevice._errors import ConversionError, message
 from xdevice._tolerance import Comparison, compare
 from xdevice.backends._model_io import flat_outputs
@@ -30,6 +38,7 @@ class Verification:
     comparison: Comparison
     scale: float = 1.0  # the absolute allowance was multiplied by it: max |expected| when below 1
     sizes: str = ""  # the other dynamic axes' sizes, when there are some ("seq 31")
+    precision: str = "highest"  # the float32 matmul precision the source ran under (ORT's CPU: always IEEE)
 
     @property
     def check(self) -> str:
@@ -44,7 +53,10 @@ class Verification:
 
     def __str__(self) -> str:
         where = f"batch {self.batch}" + (f", {self.sizes}" if self.sizes else "")
-        return f"{self.output} at {where}: max abs error {self.comparison.max_abs:.2g} ({self.check})"
+        return (
+            f"{self.output} at {where}: max abs error {self.comparison.max_abs:.2g} ({self.check}; "
+            f"matmul precision {self.precision})"
+        )
 
 
 def verify(model: Any, source: Callable[..., Any], inputs: Any) -> list[Verification]:
@@ -74,10 +86,14 @@ def run_and_compare(
     import numpy as np
     import onnxruntime
 
-    options = onnxruntime.SessionOptions()
+    cpu = Device("cpu", 0)
+    available = onnxruntime.get_available_providers()
+    options = _onnxruntime.session_options(cpu, available=available, ort=onnxruntime)
     options.log_severity_level = 3
     model = str(location) if location is not None else proto.SerializeToString()
-    session = onnxruntime.InferenceSession(model, options, providers=["CPUExecutionProvider"])
+    providers = _onnxruntime.configured_provider_options(available, cpu)
+    session = onnxruntime.InferenceSession(model, options, providers=providers)
+    precision = _configure.matmul_precision()
     names = [i.name for i in session.get_inputs()]
     if len(names) != len(inputs):
         raise ConversionError(
@@ -124,16 +140,19 @@ def run_and_compare(
             )
         scale = _scale(e)
         comparison = compare(a, e, e.dtype.name, scale=scale)
-        check = Verification(name, batch, comparison, scale, sizes)
+        check = Verification(name, batch, comparison, scale, sizes, precision)
         if not comparison.ok:
             raise ConversionError(
                 message(
                     f"ONNX output {name!r} disagrees with the source at batch {batch}: "
                     f"{comparison.actual!r} at index {comparison.worst_index} where the source gives "
                     f"{comparison.expected!r}",
-                    expected=f"{check.check} ({e.dtype.name})",
+                    expected=f"{check.check} ({e.dtype.name}, the source at matmul precision {precision!r})",
                     received=f"max abs error {comparison.max_abs:.3g}, max rel {comparison.max_rel:.3g}",
-                    fix="export with another opset or from another backend, or report the exporter bug",
+                    fix="export with another opset or from another backend, or report the exporter bug"
+                    if precision == "highest"
+                    else "verify under xdevice.configure(matmul_precision='highest'): the source ran in "
+                    f"{precision!r} (TF32 or bfloat16 on a GPU), ONNX Runtime on the CPU in IEEE float32",
                 )
             )
         checks.append(check)

@@ -1,7 +1,7 @@
 """Device discovery: what the machine has, and what each framework sees of it.
 
 The machine view starts no framework's runtime: CPUs come from the operating system and
-NVIDIA GPUs from NVML (``nvidia-ml-py``), so it can run before ``configure``. Which
+NVIDIA GPUs from NVML (``nvidia-ml-py``, else ``nvidia-smi``), so it can run before ``configure``. Which
 backends can use a GPU each backend package tells from its installed build (package
 metadata: ``_registry.gpu_build``), without importing the framework.
 
@@ -13,6 +13,17 @@ hot call look devices up in memory, reading neither ``/proc`` nor NVML nor packa
 again. ``configure()`` (which changes what is visible) and ``devices(refresh=True)`` read them
 anew; facts that drift, such as free memory, are as of that reading (``memory_stats`` reads
 them live).
+
+GPU numbering: NVML numbers GPUs by PCI bus (as ``nvidia-smi`` does), the CUDA driver that
+PyTorch, JAX and TensorFlow use fastest first unless ``CUDA_DEVICE_ORDER`` says otherwise,
+so on a machine with mixed GPUs ``gpu:1`` could name one card here and another in the
+frameworks. Importing xdevice therefore sets ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` unless the user
+chose an order (the one environment variable xdevice sets on import: it is read only when a
+CUDA runtime starts, and makes every framework count as ``nvidia-smi``). Where the orders can
+still differ (the user chose ``FASTEST_FIRST``, or a runtime started before xdevice was
+imported), :func:`cuda_numbering` maps them by UUID as the CUDA driver reports them once a
+runtime started it (asking does not start it); before that the fastest-first order cannot be
+known, and discovery keeps the PCI order and warns once.
 """
 
 from __future__ import annotations
@@ -22,6 +33,7 @@ import functools
 import os
 import platform
 import threading
+import warnings
 from typing import Any
 
 from xdevice import _registry
@@ -29,14 +41,20 @@ from xdevice._device import KINDS, Device, device
 from xdevice._errors import DeviceNotFound, message
 
 __all__ = [
+    "cuda_numbering",
     "devices",
     "find",
     "clear_cache",
     "machine_devices",
     "nvml_gpus",
     "nvml_physical_gpus",
+    "smi_gpus",
     "visible_gpu_indices",
 ]
+
+# CUDA reads this when its runtime starts (the driver's cuInit): set before any can, and only
+# where the user said nothing, so an explicit FASTEST_FIRST stands (then cuda_numbering maps)
+os.environ.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
 
 _views: dict[str | None, list[Device]] = {}  # None: the machine; a name: that framework's view
 _found: dict[tuple[object, str | None], Device] = {}  # (spec as given, backend) -> the device
@@ -217,16 +235,126 @@ def nvml_gpus() -> list[Device]:
     (indices or UUIDs), which NVML itself ignores.
     """
     physical = nvml_physical_gpus()
-    order = visible_gpu_indices([uuid for uuid, _ in physical])
+    uuids = [uuid for uuid, _ in physical]
+    # with one GPU both orders agree; with more, the driver's own numbering once a runtime started it
+    order = cuda_numbering(uuids, runtime_uuids=_driver_uuids() if len(uuids) > 1 else None)
+    if order is None:
+        order = visible_gpu_indices(uuids)
+        _warn_order_unknown(os.environ.get("CUDA_DEVICE_ORDER", ""))
     return [Device("gpu", new, **physical[old][1]) for new, old in enumerate(order)]
 
 
+def cuda_numbering(
+    nvml_uuids: list[str],
+    *,
+    device_order: str | None = None,
+    visible: str | None = None,
+    runtime_uuids: list[str] | None = None,
+) -> list[int] | None:
+    """Physical (NVML, PCI-bus) GPU indices in the order CUDA numbers the visible GPUs.
+
+    Args:
+        nvml_uuids: the GPUs' UUIDs as NVML lists them (``nvml_physical_gpus``).
+        device_order: ``CUDA_DEVICE_ORDER`` (default: the environment's; CUDA's own default,
+            when unset, is ``FASTEST_FIRST``).
+        visible: ``CUDA_VISIBLE_DEVICES`` (default: the environment's).
+        runtime_uuids: the UUIDs of the devices the CUDA driver numbered in this process, in
+            its order, once a runtime started it: then they decide, whatever the variables say.
+
+    Returns:
+        The indices, or None where CUDA's numbering cannot be known yet: ``FASTEST_FIRST`` with
+        more than one GPU and no runtime started (CUDA ranks GPUs by a heuristic it does not
+        document, and reads the numbers in ``CUDA_VISIBLE_DEVICES`` in that order too).
+
+    >>> cuda_numbering(["GPU-a", "GPU-b"], device_order="PCI_BUS_ID", visible="1")
+    [1]
+    >>> cuda_numbering(["GPU-a", "GPU-b"], device_order="FASTEST_FIRST", visible=None) is None
+    True
+    >>> cuda_numbering(["GPU-a", "GPU-b"], device_order="FASTEST_FIRST", runtime_uuids=["b", "a"])
+    [1, 0]
+    """
+    if runtime_uuids is not None:
+        keys = [_uuid_key(u) for u in nvml_uuids]
+        try:
+            return [keys.index(_uuid_key(u)) for u in runtime_uuids]
+        except ValueError:  # a device NVML does not list as a GPU (a MIG slice): the orders below
+            pass
+    order = os.environ.get("CUDA_DEVICE_ORDER", "FASTEST_FIRST") if device_order is None else device_order
+    if order.strip().upper() != "PCI_BUS_ID" and len(nvml_uuids) > 1:
+        return None
+    return visible_gpu_indices(nvml_uuids, env=visible)
+
+
+def _uuid_key(uuid: str) -> str:
+    """A GPU UUID as both spell it: NVML ``GPU-58d6...``, PyTorch and the driver bare hex."""
+    uuid = uuid.strip().lower()
+    return uuid[4:] if uuid.startswith(("gpu-", "mig-")) else uuid
+
+
+_warned_order: set[str] = set()
+
+
+def _warn_order_unknown(order: str) -> None:
+    if order in _warned_order:
+        return
+    _warned_order.add(order)
+    warnings.warn(
+        message(
+            "xdevice numbers GPUs by PCI bus (as nvidia-smi), but CUDA_DEVICE_ORDER asks CUDA to number them "
+            "fastest first, so gpu:N may name another card in PyTorch, JAX and TensorFlow until one of them "
+            "starts (then xdevice reads CUDA's own numbering)",
+            received=f"CUDA_DEVICE_ORDER={order or '(unset: FASTEST_FIRST)'}",
+            fix="unset CUDA_DEVICE_ORDER or set it to PCI_BUS_ID before the program starts, or name GPUs "
+            "in CUDA_VISIBLE_DEVICES by UUID (nvidia-smi -L)",
+        ),
+        RuntimeWarning,
+        stacklevel=3,
+    )
+
+
+def _driver_uuids() -> list[str] | None:
+    """UUIDs of the GPUs the CUDA driver numbered in this process, in its order; None when no
+    runtime started the driver yet (asking does not start it: before ``cuInit`` every call
+    answers CUDA_ERROR_NOT_INITIALIZED), or there is no driver."""
+    import ctypes  # only on machines with several GPUs
+
+    try:
+        cuda = ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return None
+    count = ctypes.c_int()
+    if cuda.cuDeviceGetCount(ctypes.byref(count)) != 0:
+        return None
+    found = []
+    for index in range(count.value):
+        handle, raw = ctypes.c_int(), (ctypes.c_ubyte * 16)()
+        if cuda.cuDeviceGet(ctypes.byref(handle), index) != 0 or cuda.cuDeviceGetUuid(raw, handle) != 0:
+            return None
+        found.append(_uuid_text(bytes(raw)))
+    return found
+
+
+def _uuid_text(raw: bytes) -> str:
+    """The driver's 16 UUID bytes as NVML spells them: ``GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx``.
+
+    >>> _uuid_text(bytes(range(16)))
+    'GPU-00010203-0405-0607-0809-0a0b0c0d0e0f'
+    """
+    h = raw.hex()
+    return f"GPU-{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:32]}"
+
+
 def nvml_physical_gpus() -> list[tuple[str, dict[str, Any]]]:
-    """``(uuid, facts)`` for every NVIDIA GPU in physical order, ignoring visibility."""
+    """``(uuid, facts)`` for every NVIDIA GPU in physical order, ignoring visibility.
+
+    From NVML (``nvidia-ml-py``); without that package, from ``nvidia-smi``, which reads the
+    same library (a GPU machine whose Python has CUDA frameworks but not the ``nvml`` extra
+    still has a driver with it).
+    """
     try:
         import pynvml
     except ImportError:
-        return []
+        return _smi_physical_gpus()
     try:
         pynvml.nvmlInit()
     except pynvml.NVMLError:
@@ -260,6 +388,58 @@ def nvml_physical_gpus() -> list[tuple[str, dict[str, Any]]]:
     return physical
 
 
+_SMI_FIELDS = "uuid,name,memory.total,memory.free,compute_cap"
+
+
+def _smi_physical_gpus() -> list[tuple[str, dict[str, Any]]]:
+    """What :func:`nvml_physical_gpus` reads, from ``nvidia-smi`` (PCI-bus order, as NVML)."""
+    import shutil
+    import subprocess
+
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return []
+    try:
+        done = subprocess.run(
+            [smi, f"--query-gpu={_SMI_FIELDS}", "--format=csv,noheader,nounits"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return []
+    return smi_gpus(done.stdout) if done.returncode == 0 else []
+
+
+def smi_gpus(table: str) -> list[tuple[str, dict[str, Any]]]:
+    """``nvidia-smi --query-gpu=uuid,name,memory.total,memory.free,compute_cap
+    --format=csv,noheader,nounits`` read as :func:`nvml_physical_gpus` answers (memory in MiB).
+
+    >>> smi_gpus("GPU-a, NVIDIA H100 80GB HBM3, 81559, 81000, 9.0")[0][1]["compute_capability"]
+    (9, 0)
+    """
+    found = []
+    for line in table.splitlines():
+        cells = [cell.strip() for cell in line.split(",")]
+        if len(cells) != 5 or not cells[0]:
+            continue
+        uuid, name, total, free, capability = cells
+        major, _, minor = capability.partition(".")
+        found.append(
+            (
+                uuid,
+                dict(
+                    name=name,
+                    vendor="nvidia",
+                    memory_total=int(total) * 2**20 if total.isdigit() else None,
+                    memory_free=int(free) * 2**20 if free.isdigit() else None,
+                    compute_capability=(int(major), int(minor)) if major.isdigit() and minor.isdigit() else None,
+                ),
+            )
+        )
+    return found
+
+
 def _text(value: str | bytes) -> str:
     return value if isinstance(value, str) else value.decode()
 
@@ -267,6 +447,8 @@ def _text(value: str | bytes) -> str:
 def visible_gpu_indices(uuids: list[str], env: str | None = None) -> list[int]:
     """Physical GPU indices in the order ``CUDA_VISIBLE_DEVICES`` makes visible.
 
+    Numbers in it are read as PCI-bus indices, as CUDA reads them under
+    ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` (which importing xdevice sets; see :func:`cuda_numbering`).
     CUDA stops at the first entry it cannot read, and so does this.
 
     >>> visible_gpu_indices(["GPU-a", "GPU-b", "GPU-c"], env="2,GPU-a")

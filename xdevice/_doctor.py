@@ -9,7 +9,9 @@ but a GPU build of a framework does not see; ONNX Runtime providers that really 
 Runtime lists CUDA as available even when its libraries are missing, then runs on the CPU
 with only a log line); ``onnxruntime`` and ``onnxruntime-gpu`` installed together (they
 overwrite each other's files); the versions of the ONNX export tools (onnx, onnxscript,
-tf2onnx, jax2onnx); the CUDA driver and cuDNN that frameworks will find.
+tf2onnx, jax2onnx); the CUDA driver and cuDNN that frameworks will find; the float32 matmul
+precision and determinism in effect in each framework, read back from its own getters, beside
+each GPU's compute capability (TF32 exists from 8.0, Ampere, on).
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from __future__ import annotations
 import dataclasses
 import json
 
-from xdevice import _registry
+from xdevice import _onnxruntime, _registry
 from xdevice._device import Device
 from xdevice._discovery import _distributions, devices, nvml_gpus
 
@@ -29,6 +31,7 @@ __all__ = [
     "provider_findings",
     "gpu_findings",
     "export_tools",
+    "numerics_findings",
 ]
 
 _ALWAYS_THERE = ("CPUExecutionProvider", "AzureExecutionProvider")
@@ -85,6 +88,7 @@ def doctor() -> DoctorReport:
     gpus = nvml_gpus()
     findings: list[Finding] = []
     seen: dict[str, int] = {}
+    numerics: dict[str, dict[str, object]] = {}
     for name in _registry.backends(all=True):
         if not _registry.is_installed(name):
             findings.append(
@@ -103,10 +107,12 @@ def doctor() -> DoctorReport:
             continue
         if backend.supports_gpu:
             seen[name] = sum(d.kind == "gpu" for d in found)
+        numerics[name] = backend.numerics()
         findings.append(
             Finding("frameworks", True, f"{name} {backend.version()}: sees " + ", ".join(str(d) for d in found))
         )
     findings += gpu_findings(len(gpus), seen, {name: _registry.gpu_build(name) for name in seen})
+    findings += numerics_findings(numerics, gpus)
     findings += onnxruntime_conflict(dists)
     findings += _onnxruntime_providers()
     findings += export_tools(dists)
@@ -143,6 +149,33 @@ def gpu_findings(machine_gpus: int, seen: dict[str, int], gpu_build: dict[str, b
                     "install its CUDA build (`make` does this on a GPU machine)",
                 )
             )
+    return findings
+
+
+def numerics_findings(numerics: dict[str, dict[str, object]], gpus: list[Device]) -> list[Finding]:
+    """The precision and determinism each framework reports (``Backend.numerics``), and each
+    GPU's compute capability: TF32, which "high" and "medium" allow, exists from 8.0 on.
+
+    >>> numerics_findings({"jax": {"matmul_precision": "highest", "deterministic": False}}, [])[0].text
+    'jax: matmul precision highest, deterministic off'
+    """
+    findings = []
+    for name, found in numerics.items():
+        extra = ", ".join(f"{k} {v}" for k, v in found.items() if k not in ("matmul_precision", "deterministic"))
+        text = f"{name}: matmul precision {found.get('matmul_precision')}, deterministic "
+        text += "on" if found.get("deterministic") else "off"
+        findings.append(Finding("numerics", True, text + (f" ({extra})" if extra else "")))
+    for gpu in gpus:
+        capability = gpu.compute_capability
+        if capability is None:
+            tf32 = "compute capability unknown"
+        else:
+            tf32 = f"compute capability {capability[0]}.{capability[1]}: " + (
+                "TF32 available, so 'high' and 'medium' change float32 products"
+                if capability >= (8, 0)
+                else "no TF32, float32 products stay IEEE float32 at every precision"
+            )
+        findings.append(Finding("numerics", True, f"{gpu} {gpu.name or ''}".rstrip() + f": {tf32}"))
     return findings
 
 
@@ -247,6 +280,9 @@ def _onnxruntime_providers() -> list[Finding]:
     listed = onnxruntime.get_available_providers()
     model = _identity_model()
     in_use = {}
+    # as xdevice's own sessions do: the CUDA and cuDNN libraries pip installed are found only
+    # once preloaded, so a provider that serving would load is not reported as broken
+    _onnxruntime.preload_dlls(Device("gpu", 0), ort=onnxruntime)
     for provider in listed:
         if provider == "AzureExecutionProvider":
             continue

@@ -1,6 +1,13 @@
 """PyTorch data parallelism across processes: ``DistributedDataParallel`` (gloo on CPU, NCCL on
 GPU), one process per device, as ``xdevice launch`` or torchrun start them.
 
+The collective backend follows the devices the rank computes on (:func:`collective`), not
+whether the machine has a GPU: NCCL cannot reduce CPU tensors, and a CPU run on a GPU machine
+must not join NCCL (nor run FSDP2 on gloo with GPUs visible, pytorch#132471). So the group is
+joined on the first hook that sees tensors (``place_params`` in the trainer), with their
+devices; ``xdevice.join_processes("torch")`` at a script's top, before any tensor, joins
+``cpu:gloo,cuda:nccl`` where CUDA is usable, which routes each collective by its tensors.
+
 Each process takes its rank's slice of every global batch (all processes draw the same global
 batches: the order depends only on the seed) and weighs its loss by its share of the rows.
 The gradient comes from DDP: the step's parameters are the ``nn.Parameter``s of a module DDP
@@ -14,7 +21,7 @@ from __future__ import annotations
 
 import atexit
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
@@ -42,22 +49,59 @@ def _sum_buckets(state, bucket):  # unannotated: DDP checks real annotations, an
     return dist.all_reduce(bucket.buffer(), async_op=True).get_future().then(lambda done: done.value()[0])
 
 
+def collective(devices: Iterable[torch.device] | None, *, cuda_available: bool) -> tuple[str, torch.device | None]:
+    """The process group's backend, and its ``device_id``, for a rank computing on ``devices``.
+
+    - CPU tensors only (also on a GPU machine): ``gloo``.
+    - a CUDA device among them: ``cpu:gloo,cuda:nccl``, NCCL for the CUDA tensors and gloo
+      for the CPU ones a step still reduces (each rank's row count, a split model's CPU
+      stage); bound to the GPU (``device_id``) when the rank has exactly one, as
+      ``init_process_group`` asks of a GPU rank (NCCL then sets up eagerly, on that GPU).
+    - unknown (None: joined before any tensor): ``cpu:gloo,cuda:nccl`` where CUDA is usable,
+      else ``gloo``; no ``device_id``, so NCCL starts only if a CUDA tensor is reduced.
+
+    >>> collective([torch.device("cpu")], cuda_available=True)
+    ('gloo', None)
+    >>> collective([torch.device("cuda", 0)], cuda_available=True)
+    ('cpu:gloo,cuda:nccl', device(type='cuda', index=0))
+    """
+    if devices is None:
+        return ("cpu:gloo,cuda:nccl" if cuda_available else "gloo"), None
+    gpus = list(dict.fromkeys(torch.device(d.type, d.index or 0) for d in devices if d.type == "cuda"))
+    if not gpus:
+        return "gloo", None
+    return "cpu:gloo,cuda:nccl", gpus[0] if len(gpus) == 1 else None
+
+
+def _devices(tree: Any) -> list[torch.device]:
+    if isinstance(tree, dict):
+        return [d for value in tree.values() for d in _devices(value)]
+    return [tree.device] if isinstance(tree, torch.Tensor) else []
+
+
 class ProcessReplicas(training.Replicas):
     def __init__(self, backend: Any):
         super().__init__(backend)
-        backend.join_processes()
-        self.rank, self.count = dist.get_rank(), dist.get_world_size()
+        # the group is joined by the first hook that sees tensors, on their devices
+        self.rank, self.count = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else world()
         self.ddp: torch.nn.parallel.DistributedDataParallel | None = None
 
+    def _join(self, *trees: Any) -> None:
+        if not dist.is_initialized():
+            join([d for tree in trees for d in _devices(tree)])
+
     def place_params(self, arrays: dict[str, Any]) -> dict[str, Any]:
+        self._join(arrays)
         for value in arrays.values():
             dist.broadcast(value, src=0)
         return arrays
 
     def place_batch(self, x: Any, y: Any) -> tuple[Any, Any]:
+        self._join(x, y)
         return x.tensor_split(self.count)[self.rank], y.tensor_split(self.count)[self.rank]
 
     def weight(self, x: Any) -> Any:
+        self._join(x)
         rows = torch.tensor(float(x.shape[0]))
         total = rows.clone()
         dist.all_reduce(total)
@@ -66,11 +110,13 @@ class ProcessReplicas(training.Replicas):
     def sum(self, tree: Any) -> Any:
         if isinstance(tree, dict):
             return {k: self.sum(v) for k, v in tree.items()}
+        self._join(tree)
         total = tree.clone()
         dist.all_reduce(total)
         return total
 
     def value_and_grad(self, objective: Callable, params: dict[str, Any]) -> tuple[tuple[Any, Any], dict[str, Any]]:
+        self._join(params)
         trained = {k: v for k, v in params.items() if v.is_floating_point()}
         if self.ddp is None or self.ddp.module.names != list(trained):
             self.ddp = torch.nn.parallel.DistributedDataParallel(_Objective(trained))
@@ -93,27 +139,34 @@ class ProcessReplicas(training.Replicas):
 
 class Replication:
     def join_processes(self) -> None:
-        if dist.is_initialized():
-            return
-        rank, size = world()
-        if "MASTER_ADDR" not in os.environ:
-            raise ConfigurationError(
-                message(
-                    "torch.distributed needs the address of rank 0 to join the other processes",
-                    expected="MASTER_ADDR and MASTER_PORT (xdevice launch and torchrun set them)",
-                    received="unset",
-                    fix="start the script with xdevice launch",
-                )
-            )
-        dist.init_process_group(
-            "nccl" if torch.cuda.is_available() else "gloo", init_method="env://", rank=rank, world_size=size
-        )
-        # left to interpreter exit, gloo's threads can abort the process ("terminate called
-        # without an active exception"): leave the group in order, after every rank is done
-        atexit.register(_leave_group)
+        join(None)  # no tensor yet: each collective goes by its tensors' devices
 
     def process_replicas(self) -> ProcessReplicas:
         return ProcessReplicas(self)
+
+
+def join(devices: Iterable[torch.device] | None) -> None:
+    """Join the launched processes' group (once), its collective backend chosen by
+    :func:`collective` for the ``devices`` this rank computes on (None: not known yet)."""
+    if dist.is_initialized():
+        return
+    rank, size = world()
+    if "MASTER_ADDR" not in os.environ:
+        raise ConfigurationError(
+            message(
+                "torch.distributed needs the address of rank 0 to join the other processes",
+                expected="MASTER_ADDR and MASTER_PORT (xdevice launch and torchrun set them)",
+                received="unset",
+                fix="start the script with xdevice launch",
+            )
+        )
+    backend, device_id = collective(devices, cuda_available=torch.cuda.is_available())
+    if device_id is not None:
+        torch.cuda.set_device(device_id)  # NCCL's collectives run on the current device
+    dist.init_process_group(backend, init_method="env://", rank=rank, world_size=size, device_id=device_id)
+    # left to interpreter exit, gloo's threads can abort the process ("terminate called
+    # without an active exception"): leave the group in order, after every rank is done
+    atexit.register(_leave_group)
 
 
 def _leave_group() -> None:

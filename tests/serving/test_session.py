@@ -13,7 +13,6 @@ pytest.importorskip("onnxruntime")
 from onnx import TensorProto, helper  # noqa: E402 - below the importorskip guard
 
 from xdevice import ConfigurationError, Device, DeviceNotFound, InferenceError, devices  # noqa: E402 - below the importorskip guard
-from xdevice._types import Config  # noqa: E402 - below the importorskip guard
 from xdevice.serving import session as session_module  # noqa: E402 - below the importorskip guard
 from xdevice.serving.session import Session, TensorSpec, _check_providers, provider_list  # noqa: E402 - below the importorskip guard
 
@@ -210,6 +209,7 @@ QUIET_GPU_SESSION = """
         [helper.make_node("Relu", ["x"], ["y"])], "tiny",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 4])],
+        [helper.make_tensor("unused", TensorProto.FLOAT, [1], [0.0])],  # ORT warns as it removes it
     )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
     model.ir_version = 10
@@ -221,12 +221,13 @@ QUIET_GPU_SESSION = """
 
 
 def test_onnx_runtime_warnings_reach_stderr_only_when_asked_for(run_python):
-    """A GPU session where ORT has no CUDA: ORT logs a coloured provider warning; xdevice's
-    error says it all, so the warning shows only with XDEVICE_VERBOSE (xdevice --verbose)."""
+    """A GPU session where ORT has no CUDA, on a model ORT warns about (an unused initializer):
+    xdevice's error says what matters, so ORT's warnings show only with XDEVICE_VERBOSE
+    (xdevice --verbose)."""
     import onnxruntime as ort
 
     if "CUDAExecutionProvider" in ort.get_available_providers():
-        pytest.skip("this onnxruntime build has CUDA: no provider warning to hide")
+        pytest.skip("this onnxruntime build has CUDA: a gpu:0 session may load, and no DeviceNotFound follows")
     quiet = run_python(QUIET_GPU_SESSION, env={"XDEVICE_VERBOSE": "0"})
     assert quiet.stdout.strip() == "DeviceNotFound", quiet.stderr
     assert quiet.stderr == ""
@@ -289,22 +290,37 @@ def test_check_providers_accepts_any_cpu_session():
 
 
 def test_provider_list_puts_tensorrt_first_and_cpu_last():
-    providers = provider_list(Device("gpu", 2), tensorrt=True, memory_limit=2**30)
-    assert [p if isinstance(p, str) else p[0] for p in providers] == [
+    providers = provider_list(Device("gpu", 2), tensorrt=True)
+    assert [name for name, _ in providers] == [
         "TensorrtExecutionProvider",
         "CUDAExecutionProvider",
         "CPUExecutionProvider",
     ]
-    assert providers[1][1] == {"device_id": 2, "gpu_mem_limit": 2**30}
-    assert provider_list(Device("cpu", 0)) == ["CPUExecutionProvider"]
+    assert providers[0][1] == {"device_id": "2"}
+    assert providers[1][1]["device_id"] == "2"
+    assert provider_list(Device("cpu", 0)) == [("CPUExecutionProvider", {})]
+
+
+def test_provider_list_asks_only_for_what_the_build_has():
+    """The check after creation still names the provider that was asked for and did not register."""
+    cpu_build = ["CPUExecutionProvider"]
+    assert provider_list(GPU, available=cpu_build, tensorrt=True) == [("CPUExecutionProvider", {})]
+    no_trt = provider_list(GPU, available=REQUESTED, tensorrt=True)
+    assert [name for name, _ in no_trt] == REQUESTED
+
+
+def test_strict_leaves_the_cpu_provider_out_as_ort_requires_with_fallback_disabled():
+    assert [name for name, _ in provider_list(GPU, cpu_fallback=False)] == ["CUDAExecutionProvider"]
 
 
 def test_configured_memory_limit_reaches_the_cuda_options(monkeypatch):
-    monkeypatch.setattr(session_module._configure, "_applied", {})
-    assert session_module._memory_limit(GPU) is None
-    monkeypatch.setitem(
-        session_module._configure._applied, "torch", (Config.make(memory_limit={"gpu:0": "1GiB", "gpu:1": "2GiB"}), [])
+    limits = {Device("gpu", 0): 2**30, Device("gpu", 1): 2 * 2**30}
+    monkeypatch.setattr(session_module._onnxruntime._configure, "memory_limit_for", limits.get)
+    cuda = provider_list(Device("gpu", 1))[0]
+    assert cuda == ("CUDAExecutionProvider", {"device_id": "1", "use_tf32": "0", "gpu_mem_limit": str(2 * 2**30)})
+
+
+def test_strict_holds_without_node_assignment_when_ort_refused_cpu_fallback_itself():
+    _check_providers(
+        GPU, REQUESTED, ["CUDAExecutionProvider", "CPUExecutionProvider"], None, True, cpu_fallback_refused=True
     )
-    assert session_module._memory_limit(Device("gpu", 1)) == 2 * 2**30
-    cuda = provider_list(GPU, memory_limit=session_module._memory_limit(GPU))[0]
-    assert cuda == ("CUDAExecutionProvider", {"device_id": 0, "gpu_mem_limit": 2**30})

@@ -11,9 +11,19 @@ Decisions:
   external data, and the serialised bytes otherwise.
 - A Python list has no dtype, so it is cast to the input's dtype; an array whose dtype
   differs from the input's is refused, never cast silently.
-- Framework arrays on the session's GPU are bound with IO binding through DLPack (no host
-  copy); ``to="torch"|"jax"|"tensorflow"`` hands outputs over through DLPack too, on the
-  session's device. String outputs are always numpy object arrays of ``str``.
+- Framework arrays on the session's GPU are bound with IO binding by their device pointer
+  (``xdevice.serving.iobinding``: no host copy); outputs are bound on the session's device,
+  and ``to="torch"|"jax"|"tensorflow"`` hands them over through DLPack, on that device.
+  String outputs are always numpy object arrays of ``str``.
+- Providers and session options come from ``xdevice._onnxruntime``, under the process-wide
+  settings of ``xdevice.configure``: on a GPU, ``use_tf32`` from ``matmul_precision``,
+  ``gpu_mem_limit`` from ``memory_limit``, ``cudnn_conv_algo_search="DEFAULT"`` when
+  deterministic, and ``onnxruntime.preload_dlls()`` before the first CUDA session.
+  ``strict=True`` also sets ``session.disable_cpu_ep_fallback``, so ORT itself refuses to
+  place a node on the CPU; without it ORT's CUDA provider keeps shape arithmetic on the CPU by
+  design, and ``assignment`` says where nodes went.
+- ORT's Python-level retry on the CPU after a failed creation (``enable_fallback``) is off:
+  it prints to stdout and hides the failure that the checks here report.
 - ``bfloat16`` inputs and outputs are not supported (ORT's numpy bridge refuses them).
 
 Does not import onnxruntime or any framework until a Session is created.
@@ -28,12 +38,13 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from xdevice import _configure, _registry
+from xdevice import _onnxruntime, _registry
 from xdevice._device import Device
 from xdevice._device import device as parse_device
 from xdevice._discovery import devices
 from xdevice._errors import ConfigurationError, DeviceNotFound, InferenceError, message
 from xdevice._tensors import backend_of, to_host
+from xdevice.serving.iobinding import bind_in_place, binds_in_place, ort_device
 
 __all__ = ["TensorSpec", "Session"]
 
@@ -57,6 +68,7 @@ _GPU_FIX = (
     "and run `xdevice doctor` to check the CUDA and cuDNN libraries"
 )
 _NO_GPU_FIX = "no GPU here; use cpu:0"
+_TENSORRT = "TensorrtExecutionProvider"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -112,7 +124,14 @@ class Session:
             raise ConfigurationError(
                 message("ONNX Runtime serves on a CPU or a GPU", received=str(self.device), choices=["cpu", "gpu:0"])
             )
+        available = list(ort.get_available_providers())
+        refuse_cpu = _onnxruntime.DISABLE_CPU_FALLBACK in _onnxruntime.session_config(
+            available, self.device, cpu_fallback=not strict
+        )
         options = _session_options(ort, threads, optimization)
+        _onnxruntime.session_options(
+            self.device, available=available, cpu_fallback=not strict, options=options, ort=ort
+        )
         _quiet_ort(ort, options)
         proto = load_model(model, check=True)
         self.model_path = Path(os.fspath(model)) if isinstance(model, (str, os.PathLike)) else None
@@ -120,12 +139,25 @@ class Session:
         external = self.model_path is not None and _has_external_data(proto)
         source = str(self.model_path) if external else proto.SerializeToString()
         del proto
-        requested = provider_list(self.device, tensorrt=tensorrt, memory_limit=_memory_limit(self.device))
+        requested = provider_list(self.device, available=available, tensorrt=tensorrt, cpu_fallback=not strict)
+        _onnxruntime.preload_dlls(self.device, ort=ort)
         try:
             with warnings.catch_warnings():  # ORT warns "not in available provider names"; we raise below
                 warnings.filterwarnings("ignore", "Specified provider", UserWarning)
-                self._session = ort.InferenceSession(source, sess_options=options, providers=requested)
+                self._session = ort.InferenceSession(
+                    source, sess_options=options, providers=requested, enable_fallback=0
+                )
         except Exception as error:  # ORT raises its own pybind Fail/InvalidGraph types
+            if refuse_cpu and "fallback to CPU EP" in str(error):
+                raise ConfigurationError(
+                    message(
+                        f"strict=True, and ONNX Runtime would run nodes of model {self.name!r} on the CPU on "
+                        f"{self.device} (nodes its CUDA provider does not take, or CUDA did not load)",
+                        received=str(error).strip()[:500],
+                        fix="run `xdevice doctor` to check the CUDA libraries, replace those ops in the model, "
+                        "or pass strict=False to allow the fallback",
+                    )
+                ) from error
             raise InferenceError(
                 message(
                     f"ONNX Runtime cannot load model {self.name!r}",
@@ -137,13 +169,15 @@ class Session:
         self.providers: list[str] = list(self._session.get_providers())
         nodes = _assigned_nodes(self._session)
         self.assignment: dict[str, int] = dict(collections.Counter(ep for ep, _ in nodes or ()))
+        asked = ([_TENSORRT] if tensorrt else []) + ([_onnxruntime.CUDA] if self.device.kind == "gpu" else [])
         _check_providers(
             self.device,
-            [p if isinstance(p, str) else p[0] for p in requested],
+            [*asked, _onnxruntime.CPU],
             self.providers,
             nodes,
             strict,
             gpus=len(devices(kind="gpu")) if self.device.kind == "gpu" else None,
+            cpu_fallback_refused=refuse_cpu,
         )
         self.inputs = [_spec(a) for a in self._session.get_inputs()]
         self.outputs = [_spec(a) for a in self._session.get_outputs()]
@@ -199,20 +233,24 @@ class Session:
             ) from error
 
     def _run_bound(self, feeds: dict[str, Any], wanted: list[str], to: str | None, on_gpu: bool):
-        import onnxruntime as ort
-
-        place = ("cuda", self.device.index) if on_gpu else ("cpu", 0)
         binding = self._session.io_binding()  # one per call: a binding is not shared between threads
+        specs_in = {s.name: s for s in self.inputs}
+        held = []  # arrays bound by pointer stay alive until the run returns
         for name, value in feeds.items():
             if _is_device_array(value):
-                value = _registry.backend(backend_of(value)).dense(value)  # ORT reads no strides
-                binding.bind_ortvalue_input(name, ort.OrtValue.from_dlpack(value))
+                held.append(bind_in_place(binding, name, value, self.device, specs_in[name].dtype))
             else:
                 binding.bind_cpu_input(name, to_host(value))
+        if held:  # the producing framework may still be writing them on its own CUDA stream
+            binding.synchronize_inputs()
         specs = {s.name: s for s in self.outputs}
+        place = ort_device(self.device)
         for name in wanted:
             binding.bind_output(name, *(("cpu", 0) if specs[name].dtype == "string" else place))
         self._session.run_with_iobinding(binding)
+        if on_gpu:
+            binding.synchronize_outputs()
+        del held
         if to in (None, "numpy"):
             return dict(zip(wanted, binding.copy_outputs_to_cpu()))
         target = _registry.backend(to)
@@ -248,36 +286,34 @@ class Session:
         return {name: _checked(specs[name], value, self.device) for name, value in inputs.items()}
 
 
-def provider_list(device: Device, *, tensorrt: bool = False, memory_limit: int | None = None) -> list:
-    """The providers to request for ``device``, most preferred first (CPU always last).
+def provider_list(
+    device: Device, *, available: list[str] | None = None, tensorrt: bool = False, cpu_fallback: bool = True
+) -> list[tuple[str, dict[str, str]]]:
+    """The providers to request for ``device``, most preferred first, with their options under
+    the process-wide settings (``xdevice._onnxruntime.configured_provider_options``); TensorRT
+    before CUDA when asked for and this build has it, the CPU last unless ``cpu_fallback`` is False.
 
-    >>> provider_list(Device("gpu", 1), memory_limit=2**30)[0]
-    ('CUDAExecutionProvider', {'device_id': 1, 'gpu_mem_limit': 1073741824})
+    Args:
+        available: ``onnxruntime.get_available_providers()`` (default: every provider, as on
+            an onnxruntime-gpu build with TensorRT).
+
+    >>> provider_list(Device("gpu", 1))[0]
+    ('CUDAExecutionProvider', {'device_id': '1', 'use_tf32': '0'})
     """
-    if device.kind == "cpu":
-        if tensorrt:
-            raise ConfigurationError(
-                message(
-                    "TensorRT needs a GPU device",
-                    received=str(device),
-                    fix="pass device='gpu:0', or drop tensorrt=True",
-                )
+    if available is None:
+        available = [_TENSORRT, _onnxruntime.CUDA, _onnxruntime.CPU]
+    if device.kind == "cpu" and tensorrt:
+        raise ConfigurationError(
+            message(
+                "TensorRT needs a GPU device",
+                received=str(device),
+                fix="pass device='gpu:0', or drop tensorrt=True",
             )
-        return ["CPUExecutionProvider"]
-    cuda: dict[str, Any] = {"device_id": device.index}
-    if memory_limit is not None:
-        cuda["gpu_mem_limit"] = int(memory_limit)
-    trt = [("TensorrtExecutionProvider", {"device_id": device.index})] if tensorrt else []
-    return [*trt, ("CUDAExecutionProvider", cuda), "CPUExecutionProvider"]
-
-
-def _memory_limit(device: Device) -> int | None:
-    """The GPU memory limit ``xdevice.configure(memory_limit=...)`` set for ``device``, in bytes."""
-    for config, _ in reversed(list(_configure._applied.values())):
-        limit = config.limit_for(device)
-        if limit is not None:
-            return limit
-    return None
+        )
+    providers = _onnxruntime.configured_provider_options(available, device, cpu_fallback=cpu_fallback)
+    if tensorrt and _TENSORRT in available:
+        providers.insert(0, (_TENSORRT, {"device_id": str(device.index)}))
+    return providers
 
 
 def _check_providers(
@@ -288,6 +324,7 @@ def _check_providers(
     strict: bool,
     *,
     gpus: int | None = None,
+    cpu_fallback_refused: bool = False,
 ) -> None:
     """Raise when the session is not on the device asked for. Pure: tested with made-up inputs.
 
@@ -297,6 +334,8 @@ def _check_providers(
         gpus: the GPUs this machine shows (``xdevice.devices(kind="gpu")``), None when not
             known: the fix for a CUDA provider that did not register fits the machine (with
             no GPU, installing onnxruntime-gpu changes nothing).
+        cpu_fallback_refused: the session was created with ``session.disable_cpu_ep_fallback``,
+            so ORT itself guarantees that no node is on the CPU (strict holds without ``nodes``).
     """
     if device.kind != "gpu":
         return
@@ -326,7 +365,7 @@ def _check_providers(
                 fix="install TensorRT's libraries where onnxruntime-gpu finds them, or pass tensorrt=False",
             )
         )
-    if not strict:
+    if not strict or (nodes is None and cpu_fallback_refused):
         return
     if nodes is None:
         raise ConfigurationError(
@@ -421,7 +460,7 @@ def _zeros(spec: TensorSpec):
 
 
 def _is_device_array(value: Any) -> bool:
-    """A framework array left on the session's GPU by ``_checked``, for DLPack into ORT."""
+    """A framework array left on the session's GPU by ``_checked``, to bind by its pointer."""
     import numpy as np
 
     return not isinstance(value, np.ndarray)
@@ -439,11 +478,11 @@ def _checked(spec: TensorSpec, value: Any, device: Device):
         value = np.asarray(value, dtype=spec.dtype)  # a list has no dtype of its own
     elif not isinstance(value, np.ndarray):
         name = backend_of(value)
-        # bool cannot cross DLPack into ORT (kDLBool), so it goes through the host
-        if name != "numpy" and (
-            device.kind == "cpu" or spec.dtype == "bool" or _registry.backend(name).device_of(value) != device
+        engine = _registry.backend(name)
+        if name != "numpy" and not binds_in_place(
+            engine.device_of(value) if device.kind == "gpu" else None, device, spec.dtype
         ):
-            value = _registry.backend(name).to_numpy(value)
+            value = engine.to_numpy(value)
     if spec.dtype == "string":
         dtype = "string"
     else:
