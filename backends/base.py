@@ -3,8 +3,9 @@
 Every backend implements every abstract method here with the same signature, and overrides
 the optional hooks (the methods with a default) with the same signature too; a contract
 test checks names, parameters and defaults. A backend package keeps the same files as every
-other: ``devices.py``, ``memory.py``, ``placement.py``, ``autodiff.py``, ``native.py`` and
-``export.py`` each hold a mixin with one concern, ``replication.py`` the engine for data
+other: ``devices.py``, ``memory.py``, ``numerics.py`` (matmul precision, determinism and the
+framework's global seed), ``placement.py``, ``autodiff.py``, ``native.py`` and ``export.py``
+each hold a mixin with one concern, ``replication.py`` the engine for data
 parallelism where there is one, ``ops.py`` the backend's implementation of the op set
 (``opset.Ops``), and ``backend.py`` assembles the mixins into the backend class.
 
@@ -156,6 +157,26 @@ class Backend(abc.ABC):
         framework offers no count (the estimate then is the arithmetic alone). It may run
         the step: ``args`` are copies the caller does not keep."""
         return None
+
+    # -- numerics.py ----------------------------------------------------------------------
+
+    @abc.abstractmethod
+    def configure_numerics(self, config: Config) -> list[Applied]:
+        """Apply ``config.matmul_precision`` (always set: core fills in the project's default)
+        and ``config.deterministic``: one row each, whose detail says what was done. Core calls
+        it when the backend starts and after each ``configure`` that changes them, and has
+        already refused ``deterministic=True`` for a runtime that started; False means "not
+        asked for" (core refuses to turn determinism off once on)."""
+
+    @abc.abstractmethod
+    def numerics(self) -> dict[str, object]:
+        """The precision and determinism in effect, read back from the framework's own getters:
+        ``{"matmul_precision": <the framework's own value>, "deterministic": bool, ...}``,
+        plus whatever else decides float32 products (PyTorch's cuDNN convolutions, say)."""
+
+    @abc.abstractmethod
+    def seed(self, n: int) -> None:
+        """Seed the framework's global random state (a framework without one does nothing)."""
 
     # -- placement.py -------------------------------------------------------------------
 

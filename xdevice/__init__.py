@@ -11,7 +11,7 @@ True
 from typing import TYPE_CHECKING, Any
 
 from xdevice import backends  # the callable package: xdevice.backends() lists installed ones
-from xdevice._configure import configure
+from xdevice._configure import configure, current_config
 from xdevice._device import Device, device
 from xdevice._discovery import devices, find
 from xdevice._errors import (
@@ -29,6 +29,7 @@ from xdevice._memory import memory_stats
 from xdevice._placement import DeviceFallbackWarning, Placement, current_device, on
 from xdevice._processes import join_processes
 from xdevice._registry import backend
+from xdevice._seed import seed
 from xdevice._tensors import backend_of, convert, device_of, to_device
 from xdevice._tolerance import Comparison, compare
 from xdevice._types import Applied, Config, ConfigReport, MemoryStats
@@ -64,6 +65,7 @@ __all__ = [
     "compare",
     "configure",
     "convert",
+    "current_config",
     "current_device",
     "device",
     "device_of",
@@ -76,6 +78,7 @@ __all__ = [
     "on",
     "parity",
     "replicate",
+    "seed",
     "to_device",
 ]
 

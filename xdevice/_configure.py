@@ -1,4 +1,4 @@
-"""``configure``: visible devices, memory growth, memory limits and virtual CPUs, once for all.
+"""``configure``: devices, memory, matmul precision and determinism, once for all frameworks.
 
 Each framework reads some settings only before its runtime starts (TensorFlow raises
 afterwards; PyTorch and JAX silently ignore late environment variables). ``configure``
@@ -30,6 +30,7 @@ Decisions:
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import sys
@@ -37,22 +38,32 @@ import threading
 import warnings
 from collections.abc import Mapping, Sequence
 from types import ModuleType
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, cast, overload
 
-from xdevice import _import_hook, _registry
+from xdevice import _import_hook, _registry, _seed
 from xdevice._device import Device
 from xdevice._discovery import clear_cache, nvml_gpus, nvml_physical_gpus, visible_gpu_indices
 from xdevice._errors import ConfigurationError, DeviceNotFound, message
-from xdevice._types import Applied, Config, ConfigReport, shown
+from xdevice._types import DEFAULT_PRECISION, NUMERICS, Applied, Config, ConfigReport, shown
 
 if TYPE_CHECKING:
     from xdevice.backends.base import Backend
 
-__all__ = ["configure", "current_config", "apply_pending", "AppliesPendingConfiguration"]
+__all__ = [
+    "configure",
+    "current_config",
+    "apply_pending",
+    "AppliesPendingConfiguration",
+    "matmul_precision",
+    "deterministic",
+    "memory_limit_for",
+]
 
 logger = logging.getLogger("xdevice")
 _applied: dict[str, tuple[Config, list[Applied]]] = {}  # backend -> (settings, their report)
 _pending: dict[str, tuple[Config, list[Device]]] = {}  # backend -> (settings, GPUs) awaiting its import
+_process = Config()  # the process-wide settings: the last device settings given, the numerics set so far
+_numerics: dict[str, tuple[tuple[str, bool], list[Applied]]] = {}  # backend -> (numerics in effect, their report)
 _lock = threading.RLock()  # reentrant: creating a backend inside configure applies what waits for it
 _REGISTRY_WAIT = 10.0  # seconds the import hook waits for another thread creating backends
 
@@ -62,10 +73,13 @@ def configure(
     memory_growth: bool | None = None,
     memory_limit: int | str | Mapping[object, int | str] | None = None,
     cpu_devices: int | None = None,
+    matmul_precision: str | None = None,
+    deterministic: bool | None = None,
     *,
     backends: list[str] | None = None,
 ) -> ConfigReport:
-    """Set devices and memory for every installed backend, before their runtimes start.
+    """Set devices, memory, precision and determinism for every installed backend, before
+    their runtimes start.
 
     A framework already imported is configured at once; the settings of one not imported yet
     are applied when it first loads (``import tensorflow`` in the program, or xdevice's first
@@ -80,6 +94,13 @@ def configure(
             to bytes). The report says per backend whether it is enforced, a pool, or advisory.
         cpu_devices: split the CPU into N devices (JAX, TensorFlow) so multi-device code
             runs without GPUs; PyTorch runs N worker processes instead.
+        matmul_precision: float32 matrix products and convolutions in ``"highest"`` (IEEE
+            float32, the default), ``"high"`` (TF32, or three bfloat16 passes) or ``"medium"``
+            (bfloat16), PyTorch's names; it may change at any time. None keeps the one in effect.
+        deterministic: True turns on each framework's deterministic kernels and pins the
+            CPU's intra-op threads of PyTorch and TensorFlow to 1, so that a seeded run
+            repeats bit for bit (and across machines with other core counts). It must come
+            before the framework's runtime starts, and cannot be turned off afterwards.
         backends: apply to these backends only, at once, importing their frameworks
             (default: every installed one, each when its framework loads).
 
@@ -96,40 +117,43 @@ def configure(
     >>> configure(cpu_devices=2, backends=["numpy"])  # doctest: +IGNORE_EXCEPTION_DETAIL
     Traceback (most recent call last):
     ConfigurationError: Backend 'numpy' cannot apply cpu_devices=2 (it has a single CPU device)
+    >>> configure(matmul_precision="tf32")  # doctest: +IGNORE_EXCEPTION_DETAIL
+    Traceback (most recent call last):
+    ConfigurationError: matmul_precision is the float32 matmul precision, in PyTorch's names...
     """
-    config = Config.make(visible, memory_growth, memory_limit, cpu_devices)
+    request = Config.make(visible, memory_growth, memory_limit, cpu_devices, matmul_precision, deterministic)
     names = _registry.backends() if backends is None else list(backends)
     now = [name for name in names if backends is not None or name in sys.modules]
     with _lock:
+        _refuse_undoing_determinism(request)
+        numerics = _numerics_after(request)
+        wanted = {name: _merged(current_config(name), request, numerics) for name in names}
         for name in now:  # what waited for them is superseded (and must not apply as they load)
             _drop_pending(name)
     loaded = {name: _registry.backend(name) for name in now}
     with _lock:
-        late = [b for b in loaded.values() if current_config(b.name) != config and b.runtime_started()]
-        if late:
-            titles = ", ".join(b.title for b in late)
-            raise ConfigurationError(
-                message(
-                    f"{titles} already started, so these settings can no longer take effect",
-                    expected="configure() before the first computation on any device",
-                    received=f"configure({_describe(config)}) after {titles} started",
-                    fix="call xdevice.configure(...) at the top of your program, right after "
-                    "the imports, or leave the started framework out with backends=[...]",
-                )
-            )
+        _refuse_late(loaded, wanted, numerics)
+        global _process
+        _process = _merged(_process, request, numerics)
         report = ConfigReport()
-        if config.visible is not None:
-            report += _set_visible(config, names)
+        if request.visible is not None:
+            report += _set_visible(request, names)
         gpus = nvml_gpus()
         for name in names:
             target = loaded.get(name)
+            config = wanted[name]
             if target is None:
                 report += _wait_for_import(name, config, gpus)
                 continue
-            if current_config(name) == config:
+            before = current_config(name)
+            if before == config:
                 report += _applied[name][1]  # already in effect: report it again
                 continue
-            entries = target.configure_devices(config) + target.configure_memory(config, gpus)
+            if before is not None and before.devices_part == config.devices_part:
+                entries = [row for row in _applied[name][1] if row.setting not in NUMERICS]  # in effect
+            else:
+                entries = target.configure_devices(config) + target.configure_memory(config, gpus)
+            entries += _given(config, _sync_numerics(target))
             if backends is not None:
                 _refuse_unsupported(entries)
             report += entries
@@ -139,16 +163,33 @@ def configure(
     return report
 
 
-def current_config(backend: str) -> Config | None:
-    """The settings last given to ``backend`` through ``configure``, applied or pending (None if
-    never)."""
-    return _applied[backend][0] if backend in _applied else None
+@overload
+def current_config(backend: None = None) -> Config: ...
+@overload
+def current_config(backend: str) -> Config | None: ...
+def current_config(backend: str | None = None) -> Config | None:
+    """The settings in effect.
+
+    Args:
+        backend: a backend's name: the settings last given to it through ``configure``,
+            applied or pending (None if never). Without it: the process-wide settings, the
+            numerics filled in with their defaults (``matmul_precision="highest"``,
+            ``deterministic=False``).
+
+    >>> current_config().matmul_precision
+    'highest'
+    """
+    if backend is not None:
+        return _applied[backend][0] if backend in _applied else None
+    return dataclasses.replace(_process, matmul_precision=matmul_precision(), deterministic=deterministic())
 
 
 class AppliesPendingConfiguration:
     """Base of every backend's ``Devices``: creating the backend applies the settings that
     ``configure`` recorded while its framework was not imported (when xdevice itself imports
-    the framework, the import hook leaves them to this)."""
+    the framework, the import hook leaves them to this), the precision and determinism in
+    effect (the project's default precision when ``configure`` never set one), and the seed
+    ``xdevice.seed`` set."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -157,17 +198,138 @@ class AppliesPendingConfiguration:
 
 def apply_pending(target: Backend) -> None:
     """Apply the settings waiting for ``target``'s framework, if any, and report them in place
-    of the pending rows. What the backend raises propagates, and the settings stay pending."""
+    of the pending rows; bring its numerics and seed up to date. What the backend raises
+    propagates, and the settings stay pending."""
+    name = target.name
     with _lock:
-        if target.name not in _pending:
-            return
-        config, gpus = _pending[target.name]
-        entries = target.configure_devices(config) + target.configure_memory(config, gpus)
-        del _pending[target.name]
-        _applied[target.name] = (config, entries)
-        _import_hook.forget(target.name)
-        clear_cache()
-    logger.info("xdevice.configure, applied as %s loaded:\n%s", target.title, ConfigReport(entries))
+        waiting = _pending.get(name)
+        entries: list[Applied] = []
+        if waiting is not None:
+            config, gpus = waiting
+            entries = target.configure_devices(config) + target.configure_memory(config, gpus)
+        numerics = _sync_numerics(target)
+        if waiting is not None:
+            entries += _given(waiting[0], numerics)
+            del _pending[name]
+            _applied[name] = (waiting[0], entries)
+            clear_cache()
+        _seed.seed_backend(target)
+        _watch(name)
+    if entries:
+        logger.info("xdevice.configure, applied as %s loaded:\n%s", target.title, ConfigReport(entries))
+
+
+def matmul_precision() -> str:
+    """The process-wide float32 matmul precision: ``"highest"`` unless ``configure`` set another.
+
+    >>> matmul_precision()
+    'highest'
+    """
+    return _process.matmul_precision or DEFAULT_PRECISION
+
+
+def deterministic() -> bool:
+    """Whether ``configure(deterministic=True)`` is in effect for the process.
+
+    >>> deterministic()
+    False
+    """
+    return bool(_process.deterministic)
+
+
+def memory_limit_for(device: Device) -> int | None:
+    """The memory limit in bytes ``configure`` set for ``device`` (None: no limit).
+
+    >>> memory_limit_for(Device("gpu", 0)) is None  # configure(memory_limit=...) never called
+    True
+    """
+    return _process.limit_for(device)
+
+
+def _numerics_after(request: Config) -> Config:
+    """The process-wide numerics once ``request`` is applied (None: never set)."""
+    return Config(
+        matmul_precision=request.matmul_precision or _process.matmul_precision,
+        deterministic=_process.deterministic if request.deterministic is None else request.deterministic,
+    )
+
+
+def _merged(before: Config | None, request: Config, numerics: Config) -> Config:
+    """``request``'s device settings (or, when it gives none, those of ``before``) with the
+    process-wide ``numerics``."""
+    devices = request.devices_part if before is None or not request.devices_part.is_empty else before.devices_part
+    precision, determinism = numerics.matmul_precision, numerics.deterministic
+    return dataclasses.replace(devices, matmul_precision=precision, deterministic=determinism)
+
+
+def _given(config: Config, rows: list[Applied]) -> list[Applied]:
+    """The rows of the numerics ``config`` sets (the defaults go unreported)."""
+    return [row for row in rows if getattr(config, row.setting, None) is not None]
+
+
+def _sync_numerics(target: Backend) -> list[Applied]:
+    """Apply the process-wide precision and determinism to ``target`` unless in effect; their rows."""
+    wanted = (matmul_precision(), deterministic())
+    done = _numerics.get(target.name)
+    if done is not None and done[0] == wanted:
+        return done[1]
+    if wanted[1] and not (done is not None and done[0][1]) and target.runtime_started():
+        raise ConfigurationError(_too_late_for_determinism([target]))
+    rows = target.configure_numerics(current_config())
+    _numerics[target.name] = (wanted, rows)
+    return rows
+
+
+def _refuse_late(loaded: Mapping[str, Backend], wanted: Mapping[str, Config], numerics: Config) -> None:
+    """Raise, before anything is applied, for a started runtime whose start-up settings change."""
+    late = [
+        b
+        for b in loaded.values()
+        if (current_config(b.name) or Config()).devices_part != wanted[b.name].devices_part and b.runtime_started()
+    ]
+    if late:
+        titles = ", ".join(b.title for b in late)
+        raise ConfigurationError(
+            message(
+                f"{titles} already started, so these settings can no longer take effect",
+                expected="configure() before the first computation on any device",
+                received=f"configure({_describe(wanted[late[0].name].devices_part)}) after {titles} started",
+                fix="call xdevice.configure(...) at the top of your program, right after "
+                "the imports, or leave the started framework out with backends=[...]",
+            )
+        )
+    if numerics.deterministic:
+        late = [
+            b for b in loaded.values() if not (b.name in _numerics and _numerics[b.name][0][1]) and b.runtime_started()
+        ]
+        if late:
+            raise ConfigurationError(_too_late_for_determinism(late))
+
+
+def _too_late_for_determinism(late: Sequence[Backend]) -> str:
+    titles = ", ".join(b.title for b in late)
+    return message(
+        f"{titles} already started, so deterministic=True can no longer take effect: each framework "
+        "reads part of it only as its runtime starts (PyTorch: CUBLAS_WORKSPACE_CONFIG, when CUDA "
+        "starts; TensorFlow: its intra-op thread count; JAX: --xla_gpu_deterministic_ops in XLA_FLAGS)",
+        expected="configure(deterministic=True) before the first computation",
+        received=f"configure(deterministic=True) after {titles} started",
+        fix="call xdevice.configure(deterministic=True) at the top of your program, right after the "
+        "imports (or leave the started framework out with backends=[...])",
+    )
+
+
+def _refuse_undoing_determinism(request: Config) -> None:
+    if request.deterministic is False and _process.deterministic:
+        raise ConfigurationError(
+            message(
+                "deterministic=True cannot be turned off in a running process: the frameworks read "
+                "part of it only as their runtimes start",
+                received="configure(deterministic=False) after configure(deterministic=True)",
+                fix="run the non-deterministic part in another process, or leave deterministic out (None "
+                "keeps what is in effect)",
+            )
+        )
 
 
 def _wait_for_import(name: str, config: Config, gpus: list[Device]) -> list[Applied]:
@@ -178,23 +340,30 @@ def _wait_for_import(name: str, config: Config, gpus: list[Device]) -> list[Appl
         _applied[name] = (config, rows)
         if rows:
             _pending[name] = (config, gpus)
-            _import_hook.when_imported(name, _framework_loaded)
         else:  # nothing of this framework's own to apply
             _pending.pop(name, None)
-            _import_hook.forget(name)
+        _watch(name)
     return _applied[name][1]
 
 
 def _drop_pending(name: str) -> None:
     if _pending.pop(name, None) is not None:
         _applied.pop(name, None)  # recorded, never applied
-    _import_hook.forget(name)
+    _watch(name)
+
+
+def _watch(name: str) -> None:
+    """Wait for ``name``'s import while settings or a seed wait for it (one callback serves both)."""
+    if name in _pending or _seed.waits_for(name):
+        _import_hook.when_imported(name, _framework_loaded)
+    else:
+        _import_hook.forget(name)
 
 
 def _framework_loaded(module: ModuleType) -> None:
     """The import hook's callback: the program imported a framework whose settings wait."""
     name = module.__name__
-    if name not in _pending or _xdevice_is_loading(name):
+    if (name not in _pending and not _seed.waits_for(name)) or _xdevice_is_loading(name):
         return  # xdevice is creating this backend: its start-up applies them
     # This thread holds the framework's import lock. Another thread creating backends holds the
     # registry's lock, and if it is creating this one it waits for this import: never wait for

@@ -13,7 +13,40 @@ from typing import Any, Literal
 from xdevice._device import Device, device
 from xdevice._errors import ConfigurationError, message, nearest
 
-__all__ = ["Config", "Applied", "ConfigReport", "MemoryStats", "parse_bytes", "format_bytes"]
+__all__ = [
+    "Config",
+    "Applied",
+    "ConfigReport",
+    "MemoryStats",
+    "parse_bytes",
+    "format_bytes",
+    "PRECISIONS",
+    "DEFAULT_PRECISION",
+    "NUMERICS",
+]
+
+#: Float32 matmul precisions, PyTorch's names (``torch.set_float32_matmul_precision``), best
+#: first: ``highest`` computes in IEEE float32, ``high`` lets a GPU use TF32 (or three bfloat16
+#: passes), ``medium`` one bfloat16 pass.
+PRECISIONS = ("highest", "high", "medium")
+#: The project's default, applied to each backend as xdevice starts it: every framework then
+#: computes float32 products as the numpy reference does (JAX, TensorFlow and PyTorch's
+#: convolutions would otherwise use TF32 on NVIDIA GPUs since Ampere).
+DEFAULT_PRECISION = "highest"
+#: What the frameworks call the same precisions (a hint in the error for a name not ours).
+_PRECISION_ALIASES = {
+    "float32": "highest",
+    "fp32": "highest",
+    "ieee": "highest",
+    "tf32": "high",
+    "tensorfloat32": "high",
+    "bfloat16_3x": "high",
+    "bfloat16": "medium",
+    "bf16": "medium",
+}
+#: The settings that shape numbers rather than devices: they can change while a runtime runs
+#: (but for ``deterministic=True``, which each framework must see before its runtime starts).
+NUMERICS = ("matmul_precision", "deterministic")
 
 #: How a setting took effect. ``enforced``: the framework fails an allocation past the
 #: limit. ``pool``: the framework reserves that much up front and allocates inside it.
@@ -125,22 +158,35 @@ def format_bytes(number: int | None) -> str:
 
 @dataclasses.dataclass(frozen=True)
 class Config:
-    """Validated device settings, as ``xdevice.configure`` received them.
+    """Validated device and numerics settings, as ``xdevice.configure`` received them.
 
-    ``None`` means "leave the framework's default". Build one through ``Config.make``,
-    which validates and normalises what a user typed.
+    ``None`` means "leave the framework's default" (for ``matmul_precision``: the project's,
+    ``DEFAULT_PRECISION``). Build one through ``Config.make``, which validates and normalises
+    what a user typed.
     """
 
     visible: tuple[Device, ...] | None = None
     memory_growth: bool | None = None
     memory_limit: int | Mapping[Device, int] | None = None
     cpu_devices: int | None = None
+    matmul_precision: str | None = None
+    deterministic: bool | None = None
 
     @classmethod
     def make(
-        cls, visible: Any = None, memory_growth: Any = None, memory_limit: Any = None, cpu_devices: Any = None
+        cls,
+        visible: Any = None,
+        memory_growth: Any = None,
+        memory_limit: Any = None,
+        cpu_devices: Any = None,
+        matmul_precision: Any = None,
+        deterministic: Any = None,
     ) -> Config:
-        """Validate user input, of any type, into a Config (raises ConfigurationError/DeviceNotFound)."""
+        """Validate user input, of any type, into a Config (raises ConfigurationError/DeviceNotFound).
+
+        >>> Config.make(matmul_precision="medium").matmul_precision
+        'medium'
+        """
         if visible is not None:
             if isinstance(visible, (str, int)):
                 visible = [visible]
@@ -182,7 +228,29 @@ class Config:
                     fix="write e.g. cpu_devices=4",
                 )
             )
-        return cls(visible, memory_growth, memory_limit, cpu_devices)
+        if matmul_precision is not None and matmul_precision not in PRECISIONS:
+            meant = _PRECISION_ALIASES.get(str(matmul_precision).lower()) or nearest(str(matmul_precision), PRECISIONS)
+            raise ConfigurationError(
+                message(
+                    "matmul_precision is the float32 matmul precision, in PyTorch's names",
+                    expected="'highest' (IEEE float32), 'high' (TF32 or bfloat16x3) or 'medium' (bfloat16)",
+                    received=matmul_precision,
+                    choices=list(PRECISIONS),
+                    suggestion=meant,
+                    fix=f"write matmul_precision={meant or DEFAULT_PRECISION!r}",
+                )
+            )
+        if deterministic is not None and not isinstance(deterministic, bool):
+            raise ConfigurationError(
+                message(
+                    "deterministic must be True or False",
+                    expected="a bool",
+                    received=deterministic,
+                    choices=["True", "False"],
+                    fix="True turns on every framework's deterministic kernels (set before their runtimes start)",
+                )
+            )
+        return cls(visible, memory_growth, memory_limit, cpu_devices, matmul_precision, deterministic)
 
     def limit_for(self, dev: Device) -> int | None:
         """The memory limit in bytes that applies to ``dev``, or None."""
@@ -193,6 +261,11 @@ class Config:
     @property
     def is_empty(self) -> bool:
         return all(getattr(self, f.name) is None for f in dataclasses.fields(self))
+
+    @property
+    def devices_part(self) -> Config:
+        """The device and memory settings alone (the numerics left unset)."""
+        return dataclasses.replace(self, matmul_precision=None, deterministic=None)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -6,6 +6,7 @@ from xdevice.backends.jax.autodiff import Autodiff
 from xdevice.backends.jax.devices import Devices
 from xdevice.backends.jax.export import Export
 from xdevice.backends.jax.memory import Memory
+from xdevice.backends.jax.numerics import Numerics
 from xdevice.backends.jax.ops import JaxOps
 from xdevice.backends.jax.placement import Placement
 from xdevice.backends.jax.replication import Replication
@@ -13,7 +14,7 @@ from xdevice.backends.jax.replication import Replication
 __all__ = ["JaxBackend"]
 
 
-class JaxBackend(Devices, Memory, Placement, Autodiff, Export, Replication, Backend):
+class JaxBackend(Devices, Memory, Numerics, Placement, Autodiff, Export, Replication, Backend):
     name = "jax"
     title = TITLE
     accepts = {

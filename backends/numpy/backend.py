@@ -8,12 +8,13 @@ from xdevice.backends.numpy.autodiff import Autodiff, TapedOps, kink_margin
 from xdevice.backends.numpy.devices import Devices
 from xdevice.backends.numpy.export import Export
 from xdevice.backends.numpy.memory import Memory
+from xdevice.backends.numpy.numerics import Numerics
 from xdevice.backends.numpy.placement import Placement
 
 __all__ = ["NumpyBackend"]
 
 
-class NumpyBackend(Devices, Memory, Placement, Autodiff, Export, Backend):
+class NumpyBackend(Devices, Memory, Numerics, Placement, Autodiff, Export, Backend):
     name = "numpy"
     title = TITLE
     accepts = {

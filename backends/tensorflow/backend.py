@@ -7,6 +7,7 @@ from xdevice.backends.tensorflow.devices import Devices
 from xdevice.backends.tensorflow.export import Export
 from xdevice.backends.tensorflow.memory import Memory
 from xdevice.backends.tensorflow.native import Native
+from xdevice.backends.tensorflow.numerics import Numerics
 from xdevice.backends.tensorflow.ops import TensorflowOps
 from xdevice.backends.tensorflow.placement import Placement
 from xdevice.backends.tensorflow.replication import Replication
@@ -14,7 +15,7 @@ from xdevice.backends.tensorflow.replication import Replication
 __all__ = ["TensorflowBackend"]
 
 
-class TensorflowBackend(Devices, Memory, Placement, Autodiff, Native, Export, Replication, Backend):
+class TensorflowBackend(Devices, Memory, Numerics, Placement, Autodiff, Native, Export, Replication, Backend):
     name = "tensorflow"
     title = TITLE
     accepts = {

@@ -7,6 +7,7 @@ from xdevice.backends.torch.devices import Devices
 from xdevice.backends.torch.export import Export
 from xdevice.backends.torch.memory import Memory
 from xdevice.backends.torch.native import Native
+from xdevice.backends.torch.numerics import Numerics
 from xdevice.backends.torch.ops import TorchOps
 from xdevice.backends.torch.placement import Placement
 from xdevice.backends.torch.replication import Replication
@@ -14,7 +15,7 @@ from xdevice.backends.torch.replication import Replication
 __all__ = ["TorchBackend"]
 
 
-class TorchBackend(Devices, Memory, Placement, Autodiff, Native, Export, Replication, Backend):
+class TorchBackend(Devices, Memory, Numerics, Placement, Autodiff, Native, Export, Replication, Backend):
     name = "torch"
     title = TITLE
     accepts = {"array": "torch.Tensor", "model": "torch.nn.Module", "device": "torch.device"}

@@ -2,6 +2,7 @@
 optional hooks, identically; the parts of a backend package outside the class keep theirs."""
 
 import importlib
+import importlib.util
 import inspect
 
 import pytest
@@ -49,6 +50,12 @@ def test_the_backend_says_what_it_owns(backend):
     native = backend.native_device(backend.list_devices()[0])
     if backend.owns(native) == "device":  # numpy names its one CPU with a plain string
         assert backend.device_from_native(native) == backend.list_devices()[0]
+
+
+def test_the_numerics_are_read_back_with_a_precision_and_a_determinism_flag(backend):
+    found = backend.numerics()
+    assert found["matmul_precision"] is not None and isinstance(found["deterministic"], bool)
+    assert importlib.util.find_spec(f"xdevice.backends.{backend.name}.numerics") is not None  # the same file everywhere
 
 
 def test_the_training_adapters_keep_their_signatures(backend):

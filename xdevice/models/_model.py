@@ -209,7 +209,7 @@ def build(
     name: str,
     backend: str = "numpy",
     device: Any = "cpu",
-    seed: int = 0,
+    seed: int | None = None,
     dtype: str = "float32",
     weights: str | os.PathLike | None = None,
     **spec: Any,
@@ -221,7 +221,7 @@ def build(
     Args:
         name: one of ``NAMES``.
         backend, device: where it runs.
-        seed: the numpy seed for every weight.
+        seed: the numpy seed for every weight (default: ``xdevice.seed``'s, else 0).
         dtype: the float dtype of the weights.
         weights: a transformers ``save_pretrained`` folder for a real-scale model (``PRETRAINED``):
             the spec comes from its ``config.json``, the weights from its safetensors.
@@ -244,6 +244,10 @@ def build(
         module.check(full)
     from xdevice.models._init import initialise
 
+    if seed is None:
+        from xdevice._seed import default_seed
+
+        seed = default_seed()
     return _place(name, full, initialise(module.parameters(full), seed), backend, device, dtype)
 
 

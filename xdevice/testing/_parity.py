@@ -15,6 +15,12 @@ a gradient by a discrete amount. So the numpy reference measures how close the i
 (relative to their scale); ``parity`` draws example inputs that stay ``KINK_MARGIN`` clear,
 and when given inputs do not, failing gradient rows say so.
 
+Parity states the float32 matmul precision it ran under (``xdevice.configure(matmul_precision=...)``,
+``"highest"`` by default) and what each framework reports. TF32 and bfloat16 products are off
+by about 1e-3 relative, so a check whose tolerance is tighter (float32's, 1e-4) under "high" or
+"medium" would fail for the precision, not for a defect: it runs under "highest" instead, for
+the check only, and the report says so.
+
 Parity runs the zoo, so it lives in ``xdevice.testing``, the layer above ``xdevice.models``
 (the floor, ``xdevice/_*.py``, imports nothing above it). It reaches each framework only
 through the ``Backend`` contract: ``ops``, ``value_and_grad`` and ``kink_margin``. It is
@@ -24,12 +30,13 @@ that the function, not the module, answers to ``xdevice.testing.parity``.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
-from xdevice import _registry
+from xdevice import _configure, _registry
 from xdevice._errors import ParityError, message
 from xdevice._tolerance import TOLERANCES, compare
 
@@ -42,6 +49,9 @@ __all__ = ["ParityRow", "ParityReport", "parity", "assert_parity", "compare_tens
 #: operation, compounding over a network) cannot cross.
 KINK_MARGIN = 1e-6
 _DRAWS = 32
+#: The relative error TF32 and bfloat16 products reach (TF32 keeps 10 bits of mantissa): a
+#: tolerance below it is checked under "highest".
+REDUCED_PRECISION_RTOL = 1e-3
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,9 +80,37 @@ class ParityRow:
 class ParityReport(list[ParityRow]):
     """Rows of a parity run; ``ok`` when every row is within tolerance."""
 
-    def __init__(self, rows: Iterable[ParityRow] = (), dtype: str = "float32") -> None:
+    def __init__(
+        self,
+        rows: Iterable[ParityRow] = (),
+        dtype: str = "float32",
+        precision: str | None = None,
+        precision_note: str = "",
+        precisions: dict[str, object] | None = None,
+    ) -> None:
         super().__init__(rows)
         self.dtype = dtype
+        #: the float32 matmul precision the check ran under, and why if it is not the configured one
+        self.precision = precision or _configure.matmul_precision()
+        self.precision_note = precision_note
+        #: per backend, the precision its framework reported (``Backend.numerics``)
+        self.precisions: dict[str, object] = dict(precisions or {})
+
+    # list's __add__ returns a plain list, this += the report itself (keeping its precision)
+    def __iadd__(self, rows: Iterable[ParityRow]) -> ParityReport:  # type: ignore[override,misc]  # see above
+        super().__iadd__(rows)
+        if isinstance(rows, ParityReport):
+            self.precision = rows.precision
+            self.precision_note = rows.precision_note or self.precision_note
+            self.precisions.update(rows.precisions)
+        return self
+
+    def precision_line(self) -> str:
+        """``matmul precision highest (torch highest, jax highest, ...)``, with the note if any."""
+        line = f"matmul precision {self.precision}"
+        if self.precisions:
+            line += " (" + ", ".join(f"{name} {value}" for name, value in self.precisions.items()) + ")"
+        return line + (f"; {self.precision_note}" if self.precision_note else "")
 
     @property
     def ok(self) -> bool:
@@ -89,7 +127,7 @@ class ParityReport(list[ParityRow]):
             raise ParityError(
                 message(
                     f"{len(self.violations)} tensor(s) differ from the numpy reference beyond the {self.dtype} "
-                    f"tolerance (|a - e| <= {atol:g} + {rtol:g} * |e|)",
+                    f"tolerance (|a - e| <= {atol:g} + {rtol:g} * |e|), under {self.precision_line()}",
                     received=worst.describe(),
                 )
             )
@@ -108,6 +146,7 @@ class ParityReport(list[ParityRow]):
         rtol, atol = TOLERANCES[self.dtype]
         lines = [
             f"parity against numpy float64, {self.dtype} tolerance |a-e| <= {atol:g} + {rtol:g}*|e|",
+            self.precision_line(),
             f"{'model':<12} {'backend':<11} {'tensors':>7} {'max abs':>10} {'max rel':>10}  ok",
         ]
         for subject, backend, count, worst_abs, worst_rel, ok in self.summary():
@@ -123,10 +162,21 @@ class ParityReport(list[ParityRow]):
             lines.append(
                 f"| {subject} | {backend} | {count} | {worst_abs:.2e} | {worst_rel:.2e} | {'yes' if ok else '**no**'} |"
             )
-        return "\n".join(lines)
+        return "\n".join([*lines, "", self.precision_line()])
 
     def to_json(self) -> str:
-        return json.dumps({"dtype": self.dtype, "ok": self.ok, "rows": [dataclasses.asdict(r) for r in self]}, indent=2)
+        return json.dumps(
+            {
+                "dtype": self.dtype,
+                "ok": self.ok,
+                "matmul_precision": self.precision,
+                "precision_note": self.precision_note,
+                "precisions": self.precisions,
+                "rows": [dataclasses.asdict(r) for r in self],
+            },
+            indent=2,
+            default=str,
+        )
 
 
 def compare_tensors(
@@ -213,14 +263,39 @@ def parity(
     shape = np.shape(reference(x))
     labels = np.random.default_rng(seed + 1).integers(0, shape[-1], size=shape[:-1])
     expected = _zoo_tensors(reference, x, labels, grads)
-    report = ParityReport(dtype=dtype)
-    for name in names:
-        actual = _zoo_tensors(model.to(name, device="cpu", dtype=dtype), x, labels, grads)
-        rows = compare_tensors(model.name, name, actual, expected, dtype)
-        report += [
-            dataclasses.replace(r, note=note) if note and not r.ok and r.tensor.startswith("grad ") else r for r in rows
-        ]
+    with _checked_precision(dtype, names) as report:
+        for name in names:
+            actual = _zoo_tensors(model.to(name, device="cpu", dtype=dtype), x, labels, grads)
+            rows = compare_tensors(model.name, name, actual, expected, dtype)
+            report += [
+                dataclasses.replace(r, note=note) if note and not r.ok and r.tensor.startswith("grad ") else r
+                for r in rows
+            ]
     return report
+
+
+@contextlib.contextmanager
+def _checked_precision(dtype: str, names: Sequence[str]) -> Iterator[ParityReport]:
+    """An empty report for a check on ``names`` in ``dtype``, run under a precision that can
+    meet the dtype's tolerance: "highest" for the check when the configured one cannot (then
+    restored), said in the report."""
+    configured = _configure.matmul_precision()
+    rtol = TOLERANCES.get(dtype, TOLERANCES["float32"])[0]
+    switch = configured != "highest" and rtol < REDUCED_PRECISION_RTOL
+    note = ""
+    if switch:
+        note = (
+            f"switched from {configured!r} to 'highest' for this check: {configured!r} products are off by about "
+            f"{REDUCED_PRECISION_RTOL:g} relative, beyond the {dtype} tolerance ({rtol:g})"
+        )
+        _configure.configure(matmul_precision="highest")
+    try:
+        report = ParityReport(dtype=dtype, precision=_configure.matmul_precision(), precision_note=note)
+        report.precisions = {name: _registry.backend(name).numerics().get("matmul_precision") for name in names}
+        yield report
+    finally:
+        if switch:
+            _configure.configure(matmul_precision=configured)
 
 
 def _kink_margin(reference: Model, x: Any) -> float:
@@ -314,8 +389,8 @@ def assert_parity(
         return {key: ops.to_numpy(value) for key, value in items}
 
     expected = run("numpy", "float64")
-    report = ParityReport(dtype=dtype)
-    for name in names:
-        report += compare_tensors(label, name, run(name, dtype), expected, dtype)
+    with _checked_precision(dtype, names) as report:
+        for name in names:
+            report += compare_tensors(label, name, run(name, dtype), expected, dtype)
     report.raise_for_violations()
     return report

@@ -25,6 +25,7 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from xdevice._errors import ConfigurationError, message
+from xdevice._seed import default_seed
 
 __all__ = ["Batches", "Prefetcher", "as_batches"]
 
@@ -36,6 +37,7 @@ class Batches:
         x, y: arrays with the same first dimension (``y`` may be None).
         batch_size: rows per batch; the last batch may be smaller unless ``drop_last``.
         shuffle: a new order each epoch, drawn from ``(seed, epoch)``.
+        seed: default: ``xdevice.seed``'s, else 0.
     """
 
     def __init__(
@@ -45,7 +47,7 @@ class Batches:
         *,
         batch_size: int = 32,
         shuffle: bool = True,
-        seed: int = 0,
+        seed: int | None = None,
         drop_last: bool = False,
     ):
         import numpy as np
@@ -61,6 +63,7 @@ class Batches:
             )
         if not isinstance(batch_size, int) or batch_size < 1:
             raise ConfigurationError(message("batch_size must be a positive int", received=batch_size))
+        seed = default_seed() if seed is None else seed
         self.batch_size, self.shuffle, self.seed, self.drop_last = batch_size, shuffle, seed, drop_last
 
     def __len__(self) -> int:
@@ -135,7 +138,7 @@ class _Iterable:
             )
 
 
-def as_batches(data: Any, batch_size: int = 32, shuffle: bool = True, seed: int = 0) -> Batches | _Iterable:
+def as_batches(data: Any, batch_size: int = 32, shuffle: bool = True, seed: int | None = None) -> Batches | _Iterable:
     """``data`` as something with ``epoch(n)``: a pair of arrays becomes :class:`Batches`."""
     if isinstance(data, (Batches, _Iterable)):
         return data

@@ -38,6 +38,7 @@ from typing import Any
 import numpy as np
 
 from xdevice._errors import ConfigurationError, message
+from xdevice._seed import default_seed
 from xdevice.training import checkpoint
 from xdevice.training.callbacks import Callback, Progress
 from xdevice.training.data import Batches, Prefetcher, as_batches
@@ -315,7 +316,7 @@ class Trainer:
         *,
         batch_size: int = 32,
         shuffle: bool = True,
-        seed: int = 0,
+        seed: int | None = None,
         validation: Any = None,
         drop_last: bool = False,
         prefetch: int = 2,
@@ -328,7 +329,8 @@ class Trainer:
 
         Args:
             data: ``(x, y)`` numpy arrays, or an iterable of ``(x, y)`` batches.
-            batch_size, shuffle, seed: how arrays are cut; the order depends on (seed, epoch) only.
+            batch_size, shuffle, seed: how arrays are cut; the order depends on (seed, epoch) only
+                (seed default: ``xdevice.seed``'s, else 0).
             validation: ``(x, y)`` or batches, evaluated after each epoch (``val_*``).
             drop_last: leave out the last batch of each epoch when it is short (arrays only:
                 an iterable's batches are used as it yields them).
@@ -364,6 +366,7 @@ class Trainer:
                 stacklevel=2,
             )
             return self.history
+        seed = default_seed() if seed is None else seed
         source = as_batches(data, batch_size, shuffle, seed)
         if drop_last:
             source = _dropping_last(source, data)
