@@ -50,6 +50,7 @@ EXPORTER = next((b for b in selected_backends() if b != "numpy"), "numpy")
 
 
 @pytest.mark.parametrize("name", selected_backends())
+@pytest.mark.realworld_on("jax", "tensorflow")  # 13 s each; torch and numpy run in make test
 def test_an_imported_model_fine_tuned_on_each_backend_exports_its_new_weights(name):
     done = subprocess.run(
         [sys.executable, "-c", WALK, name, name if name != "numpy" else EXPORTER],

@@ -15,6 +15,7 @@ EXAMPLE = Path(__file__).parents[2] / "examples" / "train_anywhere.py"
 
 @pytest.mark.slow
 @pytest.mark.parametrize("framework", ["torch", "jax", "tensorflow"])
+@pytest.mark.realworld_on("jax", "tensorflow")  # 25-30 s each; their fit and export paths: test_fit, test_matrix
 def test_train_anywhere_trains_exports_and_matches_onnx_runtime(framework):
     pytest.importorskip(framework)
     pytest.importorskip("onnxruntime")
