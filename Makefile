@@ -1,7 +1,8 @@
 # Two commands on a fresh machine: `make demo` runs the tour, `make test` runs the tests.
 # Each creates .venv when missing and installs what it needs. A machine with an NVIDIA GPU
-# gets CUDA builds and onnxruntime-gpu; any other machine gets CPU builds. The choice lives
-# in constraints/<platform>.txt and the lines below, never in pyproject.toml.
+# gets CUDA 13 builds of PyTorch and JAX and onnxruntime-gpu (TensorFlow's CPU build); any
+# other machine gets CPU builds. The choice lives in constraints/<platform>.txt and the lines
+# below, never in pyproject.toml.
 
 PYTHON   ?= python3
 VENV     := .venv
@@ -11,9 +12,12 @@ PLATFORM := $(if $(HAS_GPU),gpu,cpu)
 STAMP    := $(VENV)/.installed-$(PLATFORM)
 EXTRAS   := torch,jax,onnx,export,serve,nvml,plot,log,data,test,docs
 
-# TensorFlow's CPU and CUDA builds are different packages, as are JAX's CUDA plugins.
+# TensorFlow's CPU and CUDA builds are different packages, as are JAX's CUDA plugins. A GPU machine
+# gets one CUDA major, 13 (constraints/gpu.txt; driver 580 or later): TensorFlow's CUDA build
+# (tensorflow[and-cuda] 2.21) is CUDA 12 only, so TensorFlow runs on the CPU there too
+# (tests/test_deploy_gpu.py checks these lines against constraints/gpu.txt).
 FRAMEWORKS_cpu := tensorflow-cpu
-FRAMEWORKS_gpu := tensorflow[and-cuda] jax[cuda13]
+FRAMEWORKS_gpu := tensorflow-cpu jax[cuda13]
 
 export TF_CPP_MIN_LOG_LEVEL ?= 3
 

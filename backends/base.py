@@ -74,6 +74,9 @@ class Backend(abc.ABC):
         supports_processes: trains data-parallel across processes that ``xdevice launch``
             started (``process_replicas``).
         has_default_device: the framework has a default device that ``xdevice.on`` sets.
+        defaults_to_gpu: the framework puts new arrays on GPU 0 when there is one (JAX,
+            TensorFlow): core code meant for any device, cpu:0 included, enters
+            :meth:`default_device` for it.
         dlpack_alignment: the byte alignment a buffer must have for the framework to take
             it over without a copy (TensorFlow's kernels abort on a misaligned one); 1: any.
         dlpack_strided: the framework takes a strided (non row-major) buffer as a view.
@@ -93,6 +96,7 @@ class Backend(abc.ABC):
     supports_replication: ClassVar[bool] = False
     supports_processes: ClassVar[bool] = False
     has_default_device: ClassVar[bool] = True
+    defaults_to_gpu: ClassVar[bool] = False
     dlpack_alignment: ClassVar[int] = 1
     dlpack_strided: ClassVar[bool] = True
 
@@ -286,6 +290,11 @@ class Backend(abc.ABC):
     def native_outputs(self, target: Any, inputs: tuple[Any, ...]) -> list[Any]:
         """``target``'s outputs on the numpy ``inputs`` in inference mode, flattened as
         ``export_onnx`` flattens them, as numpy arrays: what its export must reproduce."""
+
+    def reference_device(self, target: Any) -> Device:
+        """The device :meth:`native_outputs` computes ``target`` on: where its weights live
+        (export verification says it). Default: cpu:0."""
+        return Device("cpu", 0)
 
     def save_converted(
         self, imported: Any, specs: list[tuple[str, str, tuple]], examples: list[Any], path: os.PathLike, dynamic: bool

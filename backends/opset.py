@@ -32,6 +32,7 @@ Conventions (the same on every backend):
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 from xdevice.backends.composite import CompositeOps
@@ -141,3 +142,11 @@ COMPARISONS = ("equal", "not_equal", "less", "less_equal", "greater", "greater_e
 class Ops(OptimizerUpdates, CompositeOps, ControlFlow, RandomNumbers):
     """The op namespace of one backend. Subclasses implement every abstract method (the
     primitives); everything else is written once in the parts it is assembled from."""
+
+    @staticmethod
+    def new_tensors_on(device: Any) -> contextlib.AbstractContextManager[None]:
+        """Inside the block, the tensors the op set makes from nothing (``zeros``, ``arange``,
+        an LSTM's first state, a causal mask) go to ``device``, the backend's native device
+        (None: the framework's default). A no-op where arrays follow an outer placement scope
+        (numpy, JAX, TensorFlow); torch's sets it, so a model on a GPU makes no tensor on the CPU."""
+        return contextlib.nullcontext()

@@ -56,7 +56,8 @@ class Program:
         if half:
             params = {k: self._low(v) for k, v in params.items()}
             x = self._low(x)
-        out, buffers = self.run(params, buffers, x, train)
+        with self.ops.new_tensors_on(self.backend.native_device(self.device)):
+            out, buffers = self.run(params, buffers, x, train)
         if half:
             out = self.ops.cast(out, "float32")
         return out, buffers

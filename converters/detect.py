@@ -126,6 +126,10 @@ class OwnGraph:
         outputs = target(*inputs)
         return [to_host(y) for y in (outputs if isinstance(outputs, tuple) else (outputs,))]
 
+    def reference_device(self, target: Any) -> Any:
+        """Where ``native_outputs`` computes: the device the imported model is bound to."""
+        return target.device
+
 
 def framework_of(model: Any) -> str:
     """The backend that exports a native ``model``: the one that owns it (``_registry.owner``)."""

@@ -21,7 +21,10 @@ is read back from it: exporters may write another than the one asked for, and th
 written is reported (``checks.py``). With ``verify``, ONNX Runtime runs the model on the CPU
 against the source framework's own outputs, on the example inputs and, when the batch is
 dynamic, on a second batch size, under ``xdevice._tolerance``'s table; a disagreement raises
-``ConversionError`` naming the output, the worst index and both values (``verify.py``).
+``ConversionError`` naming the output, the worst index and both values (``verify.py``). The
+source computes its outputs on the device its weights live on (a torch module on CUDA there,
+JAX and TensorFlow weights where they were placed, the CPU for a model without any), inside
+that device's scope, and each check says which device it was.
 
 A model larger than protobuf's 2 GiB limit is written with its tensors in one external data
 file next to the ``.onnx`` (``<name>.onnx.data``, in the same folder; ``external_data.py``).
@@ -157,6 +160,7 @@ def export(
     name_inputs_and_outputs(proto, dynamic_batch, inputs.names, axes)
     producer = producer_of(proto)
     source = lambda *xs: exporter.native_outputs(target, inputs.replaced(xs))
+    where = _reference_device(exporter, target)
     with staged(proto, path) as location:
         check_model(proto, location, producer)
         inputs_info = tuple(tensor_info(v) for v in graph_inputs(proto))
@@ -164,9 +168,9 @@ def export(
         check_axes(inputs_info, axes, producer)
         checks: list[Verification] = []
         if verify:
-            checks += run_and_compare(proto, source, inputs, location, axis_sizes(inputs, axes))
+            checks += run_and_compare(proto, source, inputs, location, axis_sizes(inputs, axes), where)
             if any(axes):
-                checks += run_and_compare(proto, source, second, location, axis_sizes(second, axes))
+                checks += run_and_compare(proto, source, second, location, axis_sizes(second, axes), where)
     return ExportResult(
         model=proto,
         path=Path(path) if path is not None else None,
@@ -179,3 +183,9 @@ def export(
         verification=tuple(checks),
         seconds=seconds,
     )
+
+
+def _reference_device(exporter: Any, target: Any) -> Any:
+    """The device ``exporter.native_outputs`` computes ``target``'s reference outputs on: where
+    its weights live (``Backend.reference_device``; cpu:0 unless the backend says)."""
+    return exporter.reference_device(target)

@@ -8,7 +8,8 @@ The session is built by ``xdevice._onnxruntime`` under ``xdevice.configure``'s s
 every session xdevice creates. Each check states the precision it ran under: ONNX Runtime's
 CPU provider computes float32 in IEEE float32 whatever the setting, and the source ran under
 the process-wide float32 matmul precision (``Verification.precision``), which is below IEEE
-float32 on a GPU unless it is ``"highest"``.
+float32 on a GPU unless it is ``"highest"``, on the device its weights live on
+(``Verification.device``; ``export`` computes the source there).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from typing import Any
 
 from xdevice import _configure, _onnxruntime
 from xdevice._device import Device
+from xdevice._device import device as as_device
 from xdevice._errors import ConversionError, message
 from xdevice._tolerance import Comparison, compare
 from xdevice.backends._model_io import flat_outputs
@@ -39,6 +41,7 @@ class Verification:
     scale: float = 1.0  # the absolute allowance was multiplied by it: max |expected| when below 1
     sizes: str = ""  # the other dynamic axes' sizes, when there are some ("seq 31")
     precision: str = "highest"  # the float32 matmul precision the source ran under (ORT's CPU: always IEEE)
+    device: str | None = None  # where the source computed ("cpu:0", "gpu:0"); None: not said
 
     @property
     def check(self) -> str:
@@ -53,13 +56,14 @@ class Verification:
 
     def __str__(self) -> str:
         where = f"batch {self.batch}" + (f", {self.sizes}" if self.sizes else "")
+        source = f"source on {self.device}, " if self.device else ""
         return (
             f"{self.output} at {where}: max abs error {self.comparison.max_abs:.2g} ({self.check}; "
-            f"matmul precision {self.precision})"
+            f"{source}matmul precision {self.precision})"
         )
 
 
-def verify(model: Any, source: Callable[..., Any], inputs: Any) -> list[Verification]:
+def verify(model: Any, source: Callable[..., Any], inputs: Any, device: Any = None) -> list[Verification]:
     """Run ``model`` (a ModelProto) in ONNX Runtime on the CPU and compare every output with
     ``source(*inputs)`` under the tolerance table.
 
@@ -68,6 +72,8 @@ def verify(model: Any, source: Callable[..., Any], inputs: Any) -> list[Verifica
         source: the reference, called with the numpy ``inputs``; returns an array or a
             tuple/list/dict of them, flattened in the order the model lists its outputs.
         inputs: an array or a tuple of arrays, in the model's input order.
+        device: where ``source`` computes (any device spelling), said in each check; None:
+            not said.
 
     Raises:
         ConversionError: an output disagrees; the message names the output, the batch, the
@@ -77,12 +83,19 @@ def verify(model: Any, source: Callable[..., Any], inputs: Any) -> list[Verifica
     [Verification(output='output', batch=8, comparison=Comparison(max_abs=1e-07, ...))]
     """
     with staged(model, None) as location:  # a model over 2 GiB reaches ONNX Runtime as a file
-        return run_and_compare(model, source, as_inputs(inputs), location)
+        return run_and_compare(model, source, as_inputs(inputs), location, device=device)
 
 
 def run_and_compare(
-    proto: Any, source: Callable[..., Any], inputs: Sequence[Any], location: Path | None, sizes: str = ""
+    proto: Any,
+    source: Callable[..., Any],
+    inputs: Sequence[Any],
+    location: Path | None,
+    sizes: str = "",
+    device: Any = None,
 ) -> list[Verification]:
+    """``verify``'s work on flat numpy ``inputs``, the model staged at ``location`` (None: in
+    memory); ``sizes`` names the other dynamic axes' sizes, ``device`` where ``source`` computes."""
     import numpy as np
     import onnxruntime
 
@@ -94,6 +107,7 @@ def run_and_compare(
     providers = _onnxruntime.configured_provider_options(available, cpu)
     session = onnxruntime.InferenceSession(model, options, providers=providers)
     precision = _configure.matmul_precision()
+    where = str(as_device(device)) if device is not None else None
     names = [i.name for i in session.get_inputs()]
     if len(names) != len(inputs):
         raise ConversionError(
@@ -140,7 +154,7 @@ def run_and_compare(
             )
         scale = _scale(e)
         comparison = compare(a, e, e.dtype.name, scale=scale)
-        check = Verification(name, batch, comparison, scale, sizes, precision)
+        check = Verification(name, batch, comparison, scale, sizes, precision, where)
         if not comparison.ok:
             raise ConversionError(
                 message(

@@ -121,3 +121,92 @@ def test_without_nvidia_ml_py_the_gpus_come_from_nvidia_smi_in_the_same_terms():
     assert uuid == "GPU-bbbb" and facts["name"] == "NVIDIA H100 80GB HBM3"
     assert facts["memory_total"] == 81559 * 2**20 and facts["compute_capability"] == (9, 0)
     assert second["compute_capability"] == (7, 5) and second["vendor"] == "nvidia"
+
+
+# -- the CUDA driver fixes what is visible once it starts, whoever starts it ---------------------
+
+TWO_GPUS_AND_A_STARTED_DRIVER = """
+    import json, os
+    os.environ.pop("CUDA_VISIBLE_DEVICES", None)
+    import xdevice
+    from xdevice import _configure, _discovery
+    two = lambda: [(u, dict(name=u, vendor="nvidia", memory_total=2**30, memory_free=2**30,
+                            compute_capability=(9, 0))) for u in ("GPU-aaaa", "GPU-bbbb")]
+    _discovery.nvml_physical_gpus = _configure.nvml_physical_gpus = two
+    _discovery.cuda_driver_started = lambda: True  # as after torch.cuda.is_available() on a GPU machine
+    try:
+        xdevice.configure(visible={visible!r}, backends=["numpy"])
+        refused = None
+    except xdevice.ConfigurationError as error:
+        refused = str(error)
+    in_effect = xdevice.current_config().visible
+    print(json.dumps([refused, os.environ.get("CUDA_VISIBLE_DEVICES"), in_effect and [str(d) for d in in_effect]]))
+"""
+
+
+def test_configure_visible_after_the_cuda_driver_started_is_refused_with_the_fix(run_python):
+    result = run_python(TWO_GPUS_AND_A_STARTED_DRIVER.format(visible=["gpu:1"]))
+    assert result.returncode == 0, result.stderr[-3000:]
+    refused, written, in_effect = json.loads(result.stdout)
+    assert refused is not None and "The CUDA driver already started in this process" in refused
+    assert "torch.cuda.is_available() starts it" in refused
+    assert "Fix: call xdevice.configure(visible=...) at the top of your program" in refused
+    assert "CUDA_VISIBLE_DEVICES=GPU-bbbb" in refused
+    assert written is None and in_effect is None  # nothing was applied
+
+
+def test_naming_the_gpus_cuda_already_sees_is_accepted_after_the_driver_started(run_python):
+    result = run_python(TWO_GPUS_AND_A_STARTED_DRIVER.format(visible=["gpu:0", "gpu:1"]))
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert json.loads(result.stdout)[:2] == [None, "GPU-aaaa,GPU-bbbb"]
+
+
+def test_the_driver_probe_starts_nothing_and_says_not_started_in_a_fresh_process(run_python):
+    result = run_python("""
+        import json, sys
+        from xdevice._discovery import cuda_driver_started
+        print(json.dumps([cuda_driver_started(), [m for m in ("torch", "jax", "tensorflow") if m in sys.modules]]))
+    """)
+    assert result.returncode == 0, result.stderr[-3000:]
+    started, imported = json.loads(result.stdout)
+    assert imported == [] and started is False  # a fresh process: nothing started CUDA
+
+
+def test_torch_lists_gpus_through_nvml_until_the_driver_started(monkeypatch):
+    torch = pytest.importorskip("torch")
+    import xdevice
+
+    def starts_cuda():
+        raise AssertionError("torch.cuda.is_available() runs cuInit and fixes the visible GPUs")
+
+    torch_backend = xdevice.backend("torch")
+    monkeypatch.setattr(torch.cuda, "is_available", starts_cuda)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)  # what NVML counts on a two-GPU machine
+    monkeypatch.setattr(_discovery, "cuda_driver_started", lambda: False)
+    assert [str(d) for d in torch_backend.list_devices()] == ["cpu:0", "gpu:0", "gpu:1"]
+    monkeypatch.setattr(_discovery, "cuda_driver_started", lambda: True)  # then CUDA itself answers
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert [str(d) for d in torch_backend.list_devices()] == ["cpu:0"]
+
+
+@pytest.mark.gpu
+def test_on_a_gpu_torch_cuda_is_available_starts_the_driver_and_configure_says_so(run_python):
+    result = run_python("""
+        import json
+        import torch, xdevice
+        from xdevice._discovery import cuda_driver_started
+        before = cuda_driver_started()
+        xdevice.devices(backend="torch")  # xdevice's own look does not start it
+        listed = cuda_driver_started()
+        torch.cuda.is_available()
+        try:
+            xdevice.configure(visible=[])
+            refused = ""
+        except xdevice.ConfigurationError as error:
+            refused = str(error)
+        print(json.dumps([before, listed, cuda_driver_started(), refused]))
+    """)
+    assert result.returncode == 0, result.stderr[-3000:]
+    before, listed, after, refused = json.loads(result.stdout)
+    assert [before, listed, after] == [False, False, True]
+    assert "The CUDA driver already started in this process" in refused

@@ -6,7 +6,7 @@ asks every backend whether its runtime started and raises ``ConfigurationError``
 the framework and the fix, instead of letting a setting quietly not apply.
 
 Decisions:
-- Visibility is set once, here, through ``CUDA_VISIBLE_DEVICES`` (and ``HIP_VISIBLE_DEVICES``),
+- Visibility is set once, here, through ``CUDA_VISIBLE_DEVICES`` (the chosen GPUs' UUIDs: see ``_set_visible``),
   which every framework's CUDA runtime reads when it starts; afterwards every framework
   numbers the chosen GPUs from 0, as CUDA does.
 - ``configure()`` costs only what the program uses: a framework already imported is configured
@@ -40,7 +40,7 @@ from collections.abc import Mapping, Sequence
 from types import ModuleType
 from typing import TYPE_CHECKING, cast, overload
 
-from xdevice import _import_hook, _registry, _seed
+from xdevice import _discovery, _import_hook, _registry, _seed
 from xdevice._device import Device
 from xdevice._discovery import clear_cache, nvml_gpus, nvml_physical_gpus, visible_gpu_indices
 from xdevice._errors import ConfigurationError, DeviceNotFound, message
@@ -133,11 +133,12 @@ def configure(
     loaded = {name: _registry.backend(name) for name in now}
     with _lock:
         _refuse_late(loaded, wanted, numerics)
+        visible = None if request.visible is None else _visible_uuids(request)  # refused before anything applies
         global _process
         _process = _merged(_process, request, numerics)
         report = ConfigReport()
-        if request.visible is not None:
-            report += _set_visible(request, names)
+        if visible is not None:
+            report += _set_visible(request, names, visible)
         gpus = nvml_gpus()
         for name in names:
             target = loaded.get(name)
@@ -403,10 +404,20 @@ def _xdevice_is_loading(name: str) -> bool:
     )
 
 
-def _set_visible(config: Config, names: list[str]) -> list[Applied]:
-    visible = config.visible or ()
+def _visible_uuids(config: Config) -> str:
+    """The ``CUDA_VISIBLE_DEVICES`` that ``config.visible`` asks for: the chosen GPUs' UUIDs, in
+    order, ``gpu:N`` counted among the GPUs visible now (as ``xdevice.devices()`` lists them).
+
+    Raises:
+        DeviceNotFound: a GPU that is not visible.
+        ConfigurationError: the CUDA driver already started in this process and this would
+            change what it sees (it read the variable once, as it started; asking the same GPUs
+            again is fine).
+    """
     physical = nvml_physical_gpus()
-    order = visible_gpu_indices([uuid for uuid, _ in physical])  # what is visible now
+    uuids = [uuid for uuid, _ in physical]
+    order = visible_gpu_indices(uuids)  # what is visible now
+    visible = config.visible or ()
     missing = [str(d) for d in visible if d.index >= len(order)]
     if missing:
         raise DeviceNotFound(
@@ -418,11 +429,33 @@ def _set_visible(config: Config, names: list[str]) -> list[Applied]:
                 fix="drop them, or check `xdevice devices`",
             )
         )
-    indices = ",".join(str(order[d.index]) for d in visible)
-    os.environ["CUDA_VISIBLE_DEVICES"] = indices
-    os.environ["HIP_VISIBLE_DEVICES"] = indices
+    chosen = [uuids[order[d.index]] for d in visible]
+    if chosen != [uuids[i] for i in order] and _discovery.cuda_driver_started():
+        shown_visible = [str(d) for d in visible]
+        raise ConfigurationError(
+            message(
+                "The CUDA driver already started in this process, so visible= can no longer take effect: CUDA "
+                "read CUDA_VISIBLE_DEVICES once, as it started (torch.cuda.is_available() starts it, as does any "
+                "first use of a GPU in PyTorch, JAX or TensorFlow)",
+                expected="configure(visible=...) before anything in the program touches CUDA",
+                received=f"configure(visible={shown_visible}) after the CUDA driver started",
+                fix="call xdevice.configure(visible=...) at the top of your program, right after the imports and "
+                f"before any torch.cuda call, or start the program with CUDA_VISIBLE_DEVICES={','.join(chosen)}",
+            )
+        )
+    return ",".join(chosen)
+
+
+def _set_visible(config: Config, names: list[str], uuids: str) -> list[Applied]:
+    """Make the GPUs of ``uuids`` (from :func:`_visible_uuids`) the visible ones.
+
+    ``CUDA_VISIBLE_DEVICES`` gets UUIDs, not numbers: a number means a card only under one
+    ``CUDA_DEVICE_ORDER``, and a MIG slice has no number at all. ``HIP_VISIBLE_DEVICES`` is
+    left alone: NVML lists only NVIDIA GPUs, whose names mean nothing to ROCm.
+    """
+    os.environ["CUDA_VISIBLE_DEVICES"] = uuids
     return [
-        Applied(name, "visible", config.visible, "applied", f"CUDA_VISIBLE_DEVICES={indices}, read when CUDA starts")
+        Applied(name, "visible", config.visible, "applied", f"CUDA_VISIBLE_DEVICES={uuids}, read when CUDA starts")
         for name in names
     ]
 

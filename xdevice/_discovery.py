@@ -41,6 +41,7 @@ from xdevice._device import KINDS, Device, device
 from xdevice._errors import DeviceNotFound, message
 
 __all__ = [
+    "cuda_driver_started",
     "cuda_numbering",
     "devices",
     "find",
@@ -280,9 +281,14 @@ def cuda_numbering(
         except ValueError:  # a device NVML does not list as a GPU (a MIG slice): the orders below
             pass
     order = os.environ.get("CUDA_DEVICE_ORDER", "FASTEST_FIRST") if device_order is None else device_order
-    if order.strip().upper() != "PCI_BUS_ID" and len(nvml_uuids) > 1:
+    if order.strip().upper() != "PCI_BUS_ID" and sum(not _is_mig(u) for u in nvml_uuids) > 1:
         return None
     return visible_gpu_indices(nvml_uuids, env=visible)
+
+
+def _is_mig(uuid: str) -> bool:
+    """Whether NVML's ``uuid`` names a MIG slice (``MIG-...``) rather than a whole GPU (``GPU-...``)."""
+    return uuid.strip().upper().startswith("MIG-")
 
 
 def _uuid_key(uuid: str) -> str:
@@ -312,15 +318,41 @@ def _warn_order_unknown(order: str) -> None:
     )
 
 
+def cuda_driver_started() -> bool:
+    """Whether the CUDA driver was initialised (``cuInit``) in this process, by any framework or
+    library: ``torch.cuda.is_available()`` does it, as does any first use of a GPU. From then on
+    ``CUDA_VISIBLE_DEVICES`` and ``CUDA_DEVICE_ORDER`` are fixed for the whole process, whatever
+    the variables say later. Asking starts nothing (before ``cuInit``, ``cuDeviceGetCount``
+    answers CUDA_ERROR_NOT_INITIALIZED); False where there is no CUDA driver.
+
+    >>> isinstance(cuda_driver_started(), bool)
+    True
+    """
+    import ctypes
+
+    cuda = _libcuda()
+    return cuda is not None and cuda.cuDeviceGetCount(ctypes.byref(ctypes.c_int())) == 0
+
+
+@functools.lru_cache(maxsize=1)
+def _libcuda() -> Any:
+    """The CUDA driver library through ctypes (loading it initialises nothing), or None without one."""
+    import ctypes  # only when asked: not at `import xdevice`
+
+    try:
+        return ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return None
+
+
 def _driver_uuids() -> list[str] | None:
     """UUIDs of the GPUs the CUDA driver numbered in this process, in its order; None when no
     runtime started the driver yet (asking does not start it: before ``cuInit`` every call
     answers CUDA_ERROR_NOT_INITIALIZED), or there is no driver."""
-    import ctypes  # only on machines with several GPUs
+    import ctypes
 
-    try:
-        cuda = ctypes.CDLL("libcuda.so.1")
-    except OSError:
+    cuda = _libcuda()
+    if cuda is None:
         return None
     count = ctypes.c_int()
     if cuda.cuDeviceGetCount(ctypes.byref(count)) != 0:
@@ -345,11 +377,14 @@ def _uuid_text(raw: bytes) -> str:
 
 
 def nvml_physical_gpus() -> list[tuple[str, dict[str, Any]]]:
-    """``(uuid, facts)`` for every NVIDIA GPU in physical order, ignoring visibility.
+    """``(uuid, facts)`` for every NVIDIA GPU in physical order, ignoring visibility: the whole
+    GPUs (``GPU-...``) by PCI bus, which the numbers in ``CUDA_VISIBLE_DEVICES`` index, then the
+    MIG slices of GPUs in MIG mode (``MIG-...``, CUDA knows them only by UUID), each with its
+    own memory (on the GPU's handle NVML reports the whole card's).
 
     From NVML (``nvidia-ml-py``); without that package, from ``nvidia-smi``, which reads the
     same library (a GPU machine whose Python has CUDA frameworks but not the ``nvml`` extra
-    still has a driver with it).
+    still has a driver with it; that path lists no MIG slices).
     """
     try:
         import pynvml
@@ -359,7 +394,7 @@ def nvml_physical_gpus() -> list[tuple[str, dict[str, Any]]]:
         pynvml.nvmlInit()
     except pynvml.NVMLError:
         return []
-    physical = []
+    physical, slices = [], []
     try:
         for index in range(pynvml.nvmlDeviceGetCount()):
             handle = pynvml.nvmlDeviceGetHandleByIndex(index)
@@ -380,12 +415,35 @@ def nvml_physical_gpus() -> list[tuple[str, dict[str, Any]]]:
                     ),
                 )
             )
+            slices += _nvml_mig_slices(pynvml, handle, physical[-1][1])
     except pynvml.NVMLError:
         return []
     finally:
         with contextlib.suppress(pynvml.NVMLError):
             pynvml.nvmlShutdown()
-    return physical
+    return physical + slices
+
+
+def _nvml_mig_slices(pynvml: Any, gpu: Any, card: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    """``(uuid, facts)`` for each MIG slice of one GPU (its UUID, name and memory; the card's
+    compute capability); [] when MIG is off or the GPU or driver has none."""
+    try:
+        if pynvml.nvmlDeviceGetMigMode(gpu)[0] != pynvml.NVML_DEVICE_MIG_ENABLE:
+            return []
+        most = pynvml.nvmlDeviceGetMaxMigDeviceCount(gpu)
+    except pynvml.NVMLError:  # NOT_SUPPORTED: a GPU without MIG
+        return []
+    found = []
+    for index in range(most):
+        try:
+            handle = pynvml.nvmlDeviceGetMigDeviceHandleByIndex(gpu, index)
+            memory = pynvml.nvmlDeviceGetMemoryInfo(handle)
+            facts = dict(card, name=_text(pynvml.nvmlDeviceGetName(handle)))
+            facts.update(memory_total=int(memory.total), memory_free=int(memory.free))
+            found.append((_text(pynvml.nvmlDeviceGetUUID(handle)), facts))
+        except pynvml.NVMLError:  # NOT_FOUND: no slice at this index
+            continue
+    return found
 
 
 _SMI_FIELDS = "uuid,name,memory.total,memory.free,compute_cap"
@@ -445,24 +503,29 @@ def _text(value: str | bytes) -> str:
 
 
 def visible_gpu_indices(uuids: list[str], env: str | None = None) -> list[int]:
-    """Physical GPU indices in the order ``CUDA_VISIBLE_DEVICES`` makes visible.
+    """Indices into ``uuids`` (:func:`nvml_physical_gpus`: whole GPUs, then MIG slices) of the
+    GPUs ``CUDA_VISIBLE_DEVICES`` makes visible, in its order.
 
-    Numbers in it are read as PCI-bus indices, as CUDA reads them under
-    ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` (which importing xdevice sets; see :func:`cuda_numbering`).
-    CUDA stops at the first entry it cannot read, and so does this.
+    Its entries are numbers, read as PCI-bus indices of whole GPUs, as CUDA reads them under
+    ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` (which importing xdevice sets; see :func:`cuda_numbering`),
+    or UUIDs (``GPU-...``, ``MIG-...``) or a prefix naming one of them only. CUDA stops at the
+    first entry it cannot read, and so does this. Unset, it shows the whole GPUs.
 
     >>> visible_gpu_indices(["GPU-a", "GPU-b", "GPU-c"], env="2,GPU-a")
     [2, 0]
     >>> visible_gpu_indices(["GPU-a", "GPU-b"], env="1,7,0")
     [1]
+    >>> visible_gpu_indices(["GPU-a", "MIG-c0", "MIG-c1"], env="MIG-c1,1")  # a slice has no number
+    [2]
     """
     env = os.environ.get("CUDA_VISIBLE_DEVICES") if env is None else env
+    whole = [i for i, uuid in enumerate(uuids) if not _is_mig(uuid)]
     if env is None:
-        return list(range(len(uuids)))
+        return whole
     order: list[int] = []
     for entry in (e.strip() for e in env.split(",")):
-        if entry.isdigit() and int(entry) < len(uuids):
-            index = int(entry)
+        if entry.isdigit() and int(entry) < len(whole):
+            index = whole[int(entry)]
         else:
             matches = [i for i, uuid in enumerate(uuids) if entry and uuid.startswith(entry)]
             if len(matches) != 1:

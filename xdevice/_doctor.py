@@ -12,14 +12,22 @@ overwrite each other's files); the versions of the ONNX export tools (onnx, onnx
 tf2onnx, jax2onnx); the CUDA driver and cuDNN that frameworks will find; the float32 matmul
 precision and determinism in effect in each framework, read back from its own getters, beside
 each GPU's compute capability (TF32 exists from 8.0, Ampere, on).
+
+The doctor starts every framework, and then ONNX Runtime's CUDA provider, in one process: before
+the first one starts it sets the environment that lets them share one GPU
+(``xdevice._sharing``: JAX and TensorFlow grow on demand instead of pre-allocating it), keeping
+any value the user set. A CUDA session that still fails for want of GPU memory is reported as
+out of memory, with ONNX Runtime's own text, not as missing libraries.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import re
+import sys
 
-from xdevice import _onnxruntime, _registry
+from xdevice import _onnxruntime, _registry, _sharing
 from xdevice._device import Device
 from xdevice._discovery import _distributions, devices, nvml_gpus
 
@@ -30,6 +38,8 @@ __all__ = [
     "onnxruntime_conflict",
     "provider_findings",
     "gpu_findings",
+    "sharing_findings",
+    "out_of_memory",
     "export_tools",
     "numerics_findings",
 ]
@@ -81,8 +91,10 @@ class DoctorReport:
 def doctor() -> DoctorReport:
     """Check frameworks, devices, ONNX Runtime and CUDA; every problem comes with a fix.
 
-    Imports every installed framework and starts their runtimes.
+    Imports every installed framework and starts their runtimes, which first share the GPU:
+    see :mod:`xdevice._sharing` (the environment variables are set in this process).
     """
+    shared = _sharing.apply_sharing_defaults(started=_started_runtimes())
     _distributions.cache_clear()  # the doctor reads what is installed now
     dists = _distributions()
     gpus = nvml_gpus()
@@ -112,6 +124,7 @@ def doctor() -> DoctorReport:
             Finding("frameworks", True, f"{name} {backend.version()}: sees " + ", ".join(str(d) for d in found))
         )
     findings += gpu_findings(len(gpus), seen, {name: _registry.gpu_build(name) for name in seen})
+    findings += sharing_findings(shared, len(gpus))
     findings += numerics_findings(numerics, gpus)
     findings += onnxruntime_conflict(dists)
     findings += _onnxruntime_providers()
@@ -150,6 +163,18 @@ def gpu_findings(machine_gpus: int, seen: dict[str, int], gpu_build: dict[str, b
                 )
             )
     return findings
+
+
+def sharing_findings(shared: dict[str, str], machine_gpus: int) -> list[Finding]:
+    """What the doctor set so that the frameworks it starts share the GPU (nothing without one).
+
+    >>> sharing_findings({"XLA_PYTHON_CLIENT_PREALLOCATE": "false"}, 1)[0].text
+    'the frameworks checked here share the GPU: the doctor set XLA_PYTHON_CLIENT_PREALLOCATE=false'
+    """
+    if not (shared and machine_gpus):
+        return []
+    settings = ", ".join(f"{name}={value}" for name, value in shared.items())
+    return [Finding("devices", True, f"the frameworks checked here share the GPU: the doctor set {settings}")]
 
 
 def numerics_findings(numerics: dict[str, dict[str, object]], gpus: list[Device]) -> list[Finding]:
@@ -228,24 +253,71 @@ def export_tools(dists: dict[str, str]) -> list[Finding]:
     ]
 
 
-def provider_findings(listed: list[str], in_use: dict[str, list[str]]) -> list[Finding]:
+#: how the CUDA runtime, cuBLAS, cuDNN and ONNX Runtime's arena say that GPU memory ran out
+_OUT_OF_MEMORY = re.compile(
+    r"out of memory|CUDA_ERROR_OUT_OF_MEMORY|cudaErrorMemoryAllocation|STATUS_ALLOC_FAILED|Failed to allocate",
+    re.IGNORECASE,
+)
+
+
+def out_of_memory(error: str) -> bool:
+    """Whether an error's text says the GPU ran out of memory.
+
+    >>> out_of_memory("CUDA failure 2: out of memory ; GPU=0 ; expr=cudaMalloc(&p, bytes)")
+    True
+    >>> out_of_memory("Failed to load library libonnxruntime_providers_cuda.so")
+    False
+    """
+    return _OUT_OF_MEMORY.search(error) is not None
+
+
+def provider_findings(
+    listed: list[str], in_use: dict[str, list[str]], errors: dict[str, str] | None = None
+) -> list[Finding]:
     """Providers ONNX Runtime lists against those a real session actually used.
 
     Args:
         listed: ``onnxruntime.get_available_providers()``.
         in_use: for each provider tried, ``session.get_providers()`` of a session asked for it.
+        errors: for each provider whose session could not be created, the error's text.
 
     >>> provider_findings(["CUDAExecutionProvider", "CPUExecutionProvider"],
     ...                   {"CUDAExecutionProvider": ["CPUExecutionProvider"]})[0].ok
     False
+    >>> provider_findings(["CUDAExecutionProvider"], {"CUDAExecutionProvider": []},
+    ...                   {"CUDAExecutionProvider": "CUDA failure 2: out of memory"})[0].text
+    'CUDAExecutionProvider could not start a session: the GPU is out of memory (CUDA failure 2: out of memory)'
     """
+    errors = errors or {}
     findings = []
     for provider in listed:
         if provider in _ALWAYS_THERE:
             continue
         used = in_use.get(provider, [])
+        error = errors.get(provider)
         if provider in used:
             findings.append(Finding("onnxruntime", True, f"{provider} loads and runs"))
+        elif error is not None and out_of_memory(error):
+            findings.append(
+                Finding(
+                    "onnxruntime",
+                    False,
+                    f"{provider} could not start a session: the GPU is out of memory ({error})",
+                    "free GPU memory: other processes (nvidia-smi lists them), or frameworks in the same process "
+                    "that pre-allocate it (JAX takes 75% as it starts, TensorFlow the rest): let them grow on "
+                    "demand with xdevice.configure(memory_growth=True) before they start",
+                )
+            )
+        elif error is not None:
+            findings.append(
+                Finding(
+                    "onnxruntime",
+                    False,
+                    f"{provider} could not start a session: {error}",
+                    "install the CUDA and cuDNN versions this onnxruntime-gpu needs "
+                    "(see `pip show onnxruntime-gpu`), e.g. pip install 'onnxruntime-gpu[cuda,cudnn]'",
+                )
+            )
         else:
             findings.append(
                 Finding(
@@ -279,7 +351,7 @@ def _onnxruntime_providers() -> list[Finding]:
 
     listed = onnxruntime.get_available_providers()
     model = _identity_model()
-    in_use = {}
+    in_use, errors = {}, {}
     # as xdevice's own sessions do: the CUDA and cuDNN libraries pip installed are found only
     # once preloaded, so a provider that serving would load is not reported as broken
     _onnxruntime.preload_dlls(Device("gpu", 0), ort=onnxruntime)
@@ -290,11 +362,27 @@ def _onnxruntime_providers() -> list[Finding]:
         options.log_severity_level = 4  # the fallback is reported here, not as log noise
         try:
             wanted = list(dict.fromkeys([provider, "CPUExecutionProvider"]))
-            session = onnxruntime.InferenceSession(model, options, providers=wanted)
+            # no retry on the CPU (ORT prints it to stdout): the failure is what is reported
+            session = onnxruntime.InferenceSession(model, options, providers=wanted, enable_fallback=0)
             in_use[provider] = session.get_providers()
-        except Exception:  # noqa: BLE001 - a provider that cannot start is what we look for
+        except Exception as error:  # noqa: BLE001 - a provider that cannot start is what we look for
             in_use[provider] = []
-    return provider_findings(listed, in_use)
+            errors[provider] = " ".join(str(error).split())
+    return provider_findings(listed, in_use, errors)
+
+
+def _started_runtimes() -> list[str]:
+    """Frameworks whose runtime already started in this process (the doctor called from a
+    program, not the command); one never imported has not started."""
+    started = []
+    for name in _registry.backends():
+        if name in sys.modules:
+            try:
+                if _registry.backend(name).runtime_started():
+                    started.append(name)
+            except Exception:  # noqa: BLE001 - the framework checks report a broken install
+                continue
+    return started
 
 
 def _identity_model() -> bytes:

@@ -12,6 +12,8 @@ from __future__ import annotations
 import os
 import re
 import warnings
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -20,6 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from xdevice._device import Device
 from xdevice.backends._export import as_function, exporter_failed, identifier, record_output_names
 from xdevice.backends._model_io import Inputs, call_with, flat_outputs, output_names
 from xdevice.backends._shapes import as_tuple, pool_padding
@@ -70,6 +73,8 @@ _EXPORT_OPS = ExportOps()
 
 class Export:
     ops: ClassVar[JaxOps]  # the assembled backend's
+    device_of: Callable[[Any], Device]  # placement.py's, in the assembled backend
+    default_device: Callable[[Device], AbstractContextManager[Any]]
 
     def export_onnx(self, target: Any, example_inputs: tuple[Any, ...], opset: int, axes: list[dict[int, str]]) -> Any:
         from jax2onnx import to_onnx
@@ -151,8 +156,17 @@ class Export:
 
     def native_outputs(self, target: Any, inputs: tuple[Any, ...]) -> list[Any]:
         inputs = inputs if isinstance(inputs, Inputs) else Inputs.of(inputs)
-        y = call_with(as_function(target), inputs, list(inputs), keywords=False)
-        return [self.ops.to_numpy(leaf) for leaf in flat_outputs(y)]
+        with self.default_device(self.reference_device(target)):  # not GPU 0 for weights on the CPU
+            y = call_with(as_function(target), inputs, list(inputs), keywords=False)
+            return [self.ops.to_numpy(leaf) for leaf in flat_outputs(y)]
+
+    def reference_device(self, target: Any) -> Device:
+        """Where ``native_outputs`` computes: the device of ``target``'s first single-device
+        array (a pair's params, an equinox or Flax NNX module's), cpu:0 when it holds none."""
+        for leaf in jax.tree_util.tree_leaves(target):
+            if isinstance(leaf, jax.Array) and len(leaf.devices()) == 1:
+                return self.device_of(leaf)
+        return Device("cpu", 0)
 
 
 def _for_export(target: Any) -> Any:

@@ -7,7 +7,7 @@ import functools
 import sys
 import types
 from collections.abc import Callable
-from typing import Any
+from typing import Any, ClassVar
 
 import jax
 import jax.numpy as jnp
@@ -19,6 +19,9 @@ from xdevice.backends._dtypes import is_numpy_bfloat16
 
 
 class Placement:
+    #: JAX puts new arrays on GPU 0 when there is one: code that means another device
+    #: (the CPU) enters :meth:`default_device` for it, even cpu:0 (DESIGN.md, say the device)
+    defaults_to_gpu: ClassVar[bool] = True
     native_device: Callable[[Device], jax.Device]  # devices.py's, in the assembled backend
     device_from_native: Callable[[jax.Device], Device]
 

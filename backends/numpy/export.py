@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from xdevice._device import Device
 from xdevice._errors import ConversionError, message
 from xdevice.backends._export import as_function
 from xdevice.backends._model_io import flat_outputs
@@ -37,3 +38,7 @@ class Export:
 
     def native_outputs(self, target: Any, inputs: tuple[Any, ...]) -> list[Any]:
         return [self.ops.to_numpy(y) for y in flat_outputs(as_function(target)(*inputs))]
+
+    def reference_device(self, target: Any) -> Device:
+        """Where ``native_outputs`` computes: numpy has only the CPU."""
+        return Device("cpu", 0)

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import numpy as np
 import tensorflow as tf
 
+from xdevice._device import Device, device
 from xdevice._errors import ConversionError, message
 from xdevice.backends._export import exporter_failed, record_output_names
 from xdevice.backends._model_io import Inputs, call_with, flat_outputs, output_names
@@ -35,6 +36,7 @@ __all__ = ["Export"]
 
 class Export:
     ops: ClassVar[TensorflowOps]  # the assembled backend's
+    native_device: Callable[[Device], str]  # devices.py's, in the assembled backend
 
     def export_onnx(self, target: Any, example_inputs: tuple[Any, ...], opset: int, axes: list[dict[int, str]]) -> Any:
         import tf2onnx
@@ -99,7 +101,20 @@ class Export:
 
     def native_outputs(self, target: Any, inputs: tuple[Any, ...]) -> list[Any]:
         call = _inference_call(target, inputs if isinstance(inputs, Inputs) else Inputs.of(inputs))
-        return [self.ops.to_numpy(y) for y in flat_outputs(call(*(tf.convert_to_tensor(x) for x in inputs)))]
+        # TensorFlow runs ops on GPU 0 when there is one, CPU variables or not: say the device
+        with tf.device(self.native_device(self.reference_device(target))):
+            return [self.ops.to_numpy(y) for y in flat_outputs(call(*(tf.convert_to_tensor(x) for x in inputs)))]
+
+    def reference_device(self, target: Any) -> Device:
+        """Where ``native_outputs`` computes: the device of ``target``'s first variable (a
+        ``tf.Module``'s, a Keras model's), cpu:0 for a model without any (a ``tf.function``,
+        a function of tensors)."""
+        for variable in getattr(target, "variables", None) or ():
+            # a Keras variable holds a tf.Variable as its value (a tf.Variable's value is a method)
+            native = variable if isinstance(variable, tf.Variable) else getattr(variable, "value", None)
+            if isinstance(native, tf.Variable) and native.device:
+                return device(native.device)
+        return Device("cpu", 0)
 
 
 def _same_sizes(specs: list[tuple[str, str, tuple]], inputs: tuple) -> list[Any]:

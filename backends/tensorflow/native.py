@@ -25,7 +25,7 @@ class ZooModule(tf.Module):
         super().__init__(name=name)
         self.model_name, self.spec = name, spec
         self._zoo_forward = forward
-        self.weights = {key: tf.Variable(value, trainable=key in trainable, name=key) for key, value in params.items()}
+        self.weights = {key: _variable(key, value, key in trainable) for key, value in params.items()}
 
     def __call__(self, x: Any, training: bool = False, **inputs: Any) -> Any:
         if isinstance(x, dict):
@@ -46,3 +46,13 @@ class Native:
             return None
         arrays = {key: variable.numpy() for key, variable in native.weights.items()}
         return native.model_name, native.spec, arrays, device(next(iter(native.weights.values())).device)
+
+
+def _variable(key: str, value: Any, trainable: bool) -> tf.Variable:
+    """A variable on the device ``value`` is on (the zoo model's), not TensorFlow's default
+    device, which is GPU 0 wherever there is one."""
+    where = getattr(value, "device", "")
+    if not where:  # host data: TensorFlow's placement
+        return tf.Variable(value, trainable=trainable, name=key)
+    with tf.device(where):
+        return tf.Variable(value, trainable=trainable, name=key)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import contextlib
 import sys
 from collections.abc import Callable
-from typing import Any
+from typing import Any, ClassVar
 
 import tensorflow as tf
 
@@ -18,6 +18,9 @@ from xdevice.backends._dtypes import is_numpy_bfloat16
 
 
 class Placement:
+    #: TensorFlow puts new arrays on GPU 0 when there is one: code that means another device
+    #: (the CPU) enters :meth:`default_device` for it, even cpu:0 (DESIGN.md, say the device)
+    defaults_to_gpu: ClassVar[bool] = True
     native_device: Callable[[Device], str]  # devices.py's, in the assembled backend
 
     def owns(self, x: Any) -> str | None:

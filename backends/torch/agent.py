@@ -132,7 +132,7 @@ def worker_environment() -> dict[str, str]:
     env = {}
     gpus = _visible_gpus()
     if gpus and len(gpus) >= local_size:  # too few: they share what is visible
-        env["CUDA_VISIBLE_DEVICES"] = str(gpus[local])
+        env["CUDA_VISIBLE_DEVICES"] = gpus[local]  # by UUID: MIG slices have no number
     if size == 1:
         return env
     store = dist.TCPStore(master, port, is_master=False, timeout=timedelta(seconds=300))
@@ -159,10 +159,12 @@ def _host_towards(master: str, port: int) -> str:
         return probe.getsockname()[0]
 
 
-def _visible_gpus() -> list[int]:
+def _visible_gpus() -> list[str]:
+    """UUIDs of the GPUs (or MIG slices) visible to the launcher, in CUDA's order."""
     from xdevice._discovery import nvml_physical_gpus, visible_gpu_indices
 
-    return visible_gpu_indices([gpu_uuid for gpu_uuid, _ in nvml_physical_gpus()])
+    uuids = [gpu_uuid for gpu_uuid, _ in nvml_physical_gpus()]
+    return [uuids[index] for index in visible_gpu_indices(uuids)]
 
 
 def main(argv: list[str]) -> None:

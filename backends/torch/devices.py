@@ -1,6 +1,8 @@
 """PyTorch devices: ``cpu`` plus CUDA (or ROCm, or Apple MPS) GPUs.
 
-Listing GPUs uses ``torch.cuda.device_count``, which does not initialise CUDA in torch.
+Listing GPUs starts nothing: until the CUDA driver started, xdevice asks
+``torch.cuda.device_count``, which counts them through NVML, never ``torch.cuda.is_available()``,
+whose ``cuInit`` would fix the visible GPUs before ``configure(visible=...)`` could choose them.
 PyTorch has no virtual CPU devices; ``cpu_devices=N`` is recorded for ``replicate``, which
 starts N worker processes on gloo instead.
 """
@@ -9,6 +11,7 @@ from __future__ import annotations
 
 import torch
 
+from xdevice import _discovery
 from xdevice._configure import AppliesPendingConfiguration
 from xdevice._device import Device, device_from_parts
 from xdevice._types import Applied, Config
@@ -23,7 +26,7 @@ class Devices(AppliesPendingConfiguration):  # creating the backend applies pend
 
     def list_devices(self) -> list[Device]:
         found = [Device("cpu", 0)]
-        if torch.cuda.is_available():
+        if _cuda_available():
             found += [Device("gpu", i, **self._facts(i)) for i in range(torch.cuda.device_count())]
         elif _mps_available():
             found.append(Device("gpu", 0, name="Apple MPS", vendor="apple"))
@@ -34,7 +37,7 @@ class Devices(AppliesPendingConfiguration):  # creating the backend applies pend
         if found is None:
             if device.kind == "cpu":
                 found = torch.device("cpu")
-            elif device.kind == "gpu" and not torch.cuda.is_available() and _mps_available():
+            elif device.kind == "gpu" and not _cuda_available() and _mps_available():
                 found = torch.device("mps", device.index)
             else:
                 found = torch.device("cuda", device.index)
@@ -63,7 +66,7 @@ class Devices(AppliesPendingConfiguration):  # creating the backend applies pend
         ]
 
     def gpu_libraries(self) -> dict[str, str]:
-        version = torch.backends.cudnn.version() if torch.cuda.is_available() else None
+        version = torch.backends.cudnn.version() if _cuda_available() else None
         return {"cudnn": str(version)} if version else {}
 
     @staticmethod
@@ -83,6 +86,16 @@ class Devices(AppliesPendingConfiguration):  # creating the backend applies pend
 # both directions, remembered: device_of and to_device are hot calls (torch.device is hashable)
 _native: dict[Device, torch.device] = {}
 _named: dict[torch.device, Device] = {}
+
+
+def _cuda_available() -> bool:
+    """``torch.cuda.is_available()`` without starting the CUDA driver before ``configure`` could
+    set the visible GPUs: until it started, NVML counts them (what ``PYTORCH_NVML_BASED_CUDA_CHECK=1``
+    makes ``is_available`` do; torch asks CUDA only where NVML fails); once it started, CUDA itself,
+    which then costs nothing and also sees a driver too old for this build."""
+    if torch.cuda.is_initialized() or _discovery.cuda_driver_started():
+        return torch.cuda.is_available()
+    return torch.cuda.device_count() > 0
 
 
 def _mps_available() -> bool:

@@ -19,11 +19,12 @@ import logging
 import os
 import re
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
+from xdevice._device import Device
 from xdevice._errors import ConversionError, message
 from xdevice._quiet import quiet_stderr
 from xdevice.backends._export import exporter_failed, record_output_names
@@ -84,6 +85,7 @@ def _dims(specs: list[tuple[str, str, tuple]]) -> dict[str, Any]:
 
 class Export:
     ops: ClassVar[TorchOps]  # the assembled backend's
+    device_from_native: Callable[[torch.device], Device]  # devices.py's, in the assembled backend
 
     def export_onnx(self, target: Any, example_inputs: tuple[Any, ...], opset: int, axes: list[dict[int, str]]) -> Any:
         inputs = example_inputs if isinstance(example_inputs, Inputs) else Inputs.of(example_inputs)
@@ -144,10 +146,15 @@ class Export:
 
     def native_outputs(self, target: Any, inputs: tuple[Any, ...]) -> list[Any]:
         module = _Flat(target, inputs if isinstance(inputs, Inputs) else Inputs.of(inputs))
-        device = _device_of(target)
+        device = _device_of(target)  # the inputs go there: a module on CUDA computes on CUDA
         with _inference(module), torch.no_grad():
             outputs = module(*(torch.as_tensor(x, device=device) for x in inputs))
         return [self.ops.to_numpy(y) for y in outputs]
+
+    def reference_device(self, target: Any) -> Device:
+        """Where ``native_outputs`` computes: where ``target``'s weights live, the CPU when it
+        has none."""
+        return self.device_from_native(_device_of(target))
 
 
 class _Failed(Exception):

@@ -7,6 +7,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from xdevice.backends.torch.ops import TorchOps
+
 if TYPE_CHECKING:
     from xdevice._device import Device
 
@@ -45,7 +47,8 @@ class ZooModule(torch.nn.Module):
 
     def forward(self, x: Any, **inputs: Any) -> Any:
         weights = {**dict(self.named_parameters()), **dict(self.named_buffers())}
-        y, updates = self._zoo_forward(weights, x, self.training, **inputs)
+        with TorchOps.new_tensors_on(next(iter(weights.values())).device):
+            y, updates = self._zoo_forward(weights, x, self.training, **inputs)
         with torch.no_grad():
             for key, value in updates.items():
                 weights[key].copy_(value)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import builtins
 import contextlib
 import math
+import threading
 from collections.abc import Sequence
 from typing import Any
 
@@ -49,16 +50,16 @@ class TorchOps(Ops):
                 x = x.copy()
             if x.dtype.name == "bfloat16" or x.dtype.name in NARROW_DTYPES:
                 # ml_dtypes' types: torch reads their bits through a signed int of their width
-                bits = torch.as_tensor(x.view(f"i{x.dtype.itemsize}"))
+                bits = torch.as_tensor(x.view(f"i{x.dtype.itemsize}"), device=_new.device)
                 return self.asarray(bits.view(_dtype(x.dtype.name)), dtype)
         if isinstance(x, torch.SymInt):  # a traced size: as_tensor would fix it at its example value
-            return torch.scalar_tensor(x, dtype=want or torch.int64)
+            return torch.scalar_tensor(x, dtype=want or torch.int64, device=_new.device)
         if self._tracing_control_flow and np.ndim(x) == 0:
             # a constant inside a traced loop or branch: an op, since torch.export's format
             # cannot hold a constant tensor inside one (weights arrive as operands)
             value = np.asarray(x)
-            return torch.full((), value.item(), dtype=want or _dtype(value.dtype.name))
-        return torch.as_tensor(x, dtype=want)  # as_tensor follows the default-device context
+            return torch.full((), value.item(), dtype=want or _dtype(value.dtype.name), device=_new.device)
+        return torch.as_tensor(x, dtype=want, device=_new.device)
 
     def to_numpy(self, x: Array) -> Any:
         return host_array(x, copy=True) if isinstance(x, torch.Tensor) else np.array(x)
@@ -73,19 +74,57 @@ class TorchOps(Ops):
     def cast(self, x: Array, dtype: str) -> Array:
         return self.asarray(x, dtype)
 
+    # Where a tensor made from nothing goes. The op set's zeros, ones, full, arange and
+    # asarray (of host data) take no input to follow, so they make it on the device that
+    # new_tensors_on names (a zoo module's forward names its weights' device), else on torch's
+    # default device (a ``with torch.device(...)`` block, ``xdevice.on``). A scope of our own
+    # rather than ``torch.device``'s: that one is a TorchFunctionMode, which taxes every torch
+    # call inside it (a small zoo model's forward took 1.5x as long under it).
+
+    @staticmethod
+    @contextlib.contextmanager
+    def new_tensors_on(device: torch.device | str | None):
+        """Inside the block, the tensors this op set makes from nothing (``zeros``, ``ones``,
+        ``full``, ``arange``, ``asarray`` of host data) are made on ``device``; ``None``
+        means torch's default device again. The previous device comes back on leaving.
+
+        >>> import torch
+        >>> from xdevice.backends.torch.ops import TorchOps
+        >>> with TorchOps.new_tensors_on("meta"):
+        ...     TorchOps().zeros((2, 3)).device
+        device(type='meta')
+        """
+        previous, _new.device = _new.device, None if device is None else torch.device(device)
+        try:
+            yield
+        finally:
+            _new.device = previous
+
     def zeros(self, shape: Sequence[int], dtype: str = "float32") -> Array:
-        return torch.zeros(tuple(shape), dtype=_dtype(dtype))
+        return torch.zeros(tuple(shape), dtype=_dtype(dtype), device=_new.device)
 
     def ones(self, shape: Sequence[int], dtype: str = "float32") -> Array:
-        return torch.ones(tuple(shape), dtype=_dtype(dtype))
+        return torch.ones(tuple(shape), dtype=_dtype(dtype), device=_new.device)
 
     def full(self, shape: Sequence[int], value: float, dtype: str = "float32") -> Array:
-        return torch.full(tuple(shape), value, dtype=_dtype(dtype))
+        return torch.full(tuple(shape), value, dtype=_dtype(dtype), device=_new.device)
 
     def arange(self, start: int, stop: int | None = None, step: int = 1, dtype: str = "int32") -> Array:
         if stop is None:
             start, stop = 0, start
-        return torch.arange(start, stop, step, dtype=_dtype(dtype))
+        return torch.arange(start, stop, step, dtype=_dtype(dtype), device=_new.device)
+
+    # the shared ops that make a tensor to combine with an input make it on that input's device
+
+    def one_hot(self, indices: Array, depth: int, dtype: str = "float32") -> Array:
+        indices = self.asarray(indices)
+        with self.new_tensors_on(indices.device):
+            return super().one_hot(indices, depth, dtype)
+
+    def random_bits(self, key: Array, shape: Sequence[int]) -> Array:
+        key = self.asarray(key)
+        with self.new_tensors_on(key.device):
+            return super().random_bits(key, shape)
 
     # -- elementwise ----------------------------------------------------------------------
 
@@ -714,6 +753,15 @@ def _scan_time(step, projected: torch.Tensor, state: tuple, weights: tuple) -> t
     return out[count].transpose(0, 1), tuple(out[:count])
 
 
+class _NewTensors(threading.local):
+    """Per thread, the device ``TorchOps.new_tensors_on`` named (None: torch's default). A
+    thread-local attribute, not a ContextVar: torch.compile traces an attribute read."""
+
+    device: torch.device | None = None
+
+
+_new = _NewTensors()
+
 _SCATTER = {"add": "sum", "mul": "prod", "max": "amax", "min": "amin"}
 _SIGNED_TWIN = {torch.uint16: torch.int16, torch.uint32: torch.int32, torch.uint64: torch.int64}
 
@@ -790,7 +838,7 @@ def _tensors(x: Any, y: Any) -> tuple[torch.Tensor, torch.Tensor]:
 
 def _scalar(value: Any, other: Any) -> torch.Tensor:
     if not isinstance(other, torch.Tensor):
-        return torch.as_tensor(value)
+        return torch.as_tensor(value, device=_new.device)
     dtype = other.dtype if _kind(value) <= _kind(other) else None
     return torch.as_tensor(value, dtype=dtype, device=other.device)
 

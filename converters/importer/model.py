@@ -76,8 +76,19 @@ class ImportedModel:
         self.fused = fuse(self.graph)
         self.backend = _registry.backend(backend)
         self.device = find(device, backend=backend)
+        # Say the device (DESIGN.md): JAX and TensorFlow put new arrays on GPU 0 when there is
+        # one, and TensorFlow runs ops on CPU tensors there too, so on them every call computes
+        # inside the device's scope, cpu:0 included. PyTorch keeps new tensors on the CPU, and
+        # its device context intercepts every torch call: there it is entered only off cpu:0.
+        self._follows_gpu = self.backend.defaults_to_gpu
+        self._scope = (
+            (lambda: self.backend.default_device(self.device))
+            if self._follows_gpu or self.device != Device("cpu", 0)
+            else contextlib.nullcontext
+        )
         floats = {name: value for name, value in self.graph.initializers.items() if value.dtype.name in _FLOATS}
-        self.params = {name: self._place(value) for name, value in floats.items() if name not in constants}
+        with self._scope():  # made on the device, not copied there from GPU 0
+            self.params = {name: self._place(value) for name, value in floats.items() if name not in constants}
         self.constants = {name: floats[name] for name in floats if name in constants}
         self.shared = {name: readers[name] for name in self.params if readers.get(name, 0) > 1}
         self.input_names = list(self.graph.inputs)
@@ -86,13 +97,6 @@ class ImportedModel:
         self._holds: dict[str, str] = {}
         self.output_names = list(self.graph.outputs)
         self._plans: dict[tuple, Plan] = {}
-        # the framework's default device is set around each call only off cpu:0, where new
-        # arrays land anyway (torch's device context intercepts every torch call)
-        self._scope = (
-            (lambda: self.backend.default_device(self.device))
-            if self.device != Device("cpu", 0)
-            else contextlib.nullcontext
-        )
         self._programs: dict[tuple, Any] = {}  # input signature -> the captured program
         self._captures = self.backend.capture(_probe) is not _probe  # False: nothing to gain
 
@@ -108,7 +112,8 @@ class ImportedModel:
                 )
             )
         ctx = Context(self.backend)
-        feeds = [self._input(x) for x in inputs]
+        with self._scope():
+            feeds = [self._input(x) for x in inputs]
         key = _signature(self.backend.ops, feeds)
         plan = self._plans.get(key) if key is not None else None
         fresh = plan is None and key is not None
@@ -138,7 +143,10 @@ class ImportedModel:
         if self._captures and all(_is_tensor(x) for x in inputs):
             try:
                 program, placed = self._program(inputs)
-                outputs = program(self.params, *placed)
+                # a jitted JAX program and a tf.function place what no argument pins on the
+                # default device of the call; a torch.fx graph keeps the devices it was traced under
+                with self._scope() if self._follows_gpu else contextlib.nullcontext():
+                    outputs = program(self.params, *placed)
             except Exception:  # noqa: BLE001 - each tracer refuses concrete values its own way
                 outputs = self.apply(self.params, *inputs)  # a mistake in the inputs raises here, as it is
                 self._captures = False  # the graph needs data while it is built: interpreted from now on

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+
+pytest.importorskip("onnx", reason="ONNX control-flow tests need onnx (pip install onnx)")
 from onnx import TensorProto, helper, numpy_helper
 
 import xdevice

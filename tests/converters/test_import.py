@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import numpy as np
-import onnx
 import pytest
+
+pytest.importorskip("onnx", reason="ONNX import tests need onnx (pip install onnx)")
+import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 import xdevice

@@ -1,7 +1,8 @@
 """The GPU set (``make test-gpu``): every test is marked ``gpu`` (``pytestmark``) and skipped without an NVIDIA GPU
-(xdevice's plugin); one that needs a package the machine lacks skips, naming it. A machine whose
-``nvidia-smi`` lists GPUs that xdevice does not see fails the run: a GPU run that tested nothing
-is red, not green."""
+(xdevice's plugin); one that needs a package the machine lacks skips, naming it. Tests that place
+work take their GPU from ``gpu_device`` (each GPU ``--xdevice-devices`` names, else gpu:0). A run
+whose tests all skip on a machine where ``nvidia-smi`` lists GPUs fails (tests/conftest.py): a GPU
+run that tested nothing is red, not green."""
 
 from __future__ import annotations
 
@@ -12,24 +13,36 @@ import subprocess
 import pytest
 
 import xdevice
+from xdevice.testing.pytest_plugin import device_specs
 
 #: frameworks that compute on an NVIDIA GPU, and how to get each
 FRAMEWORKS = {
     "torch": "pip install torch (a CUDA build)",
     "jax": "pip install 'jax[cuda13]'",
-    "tensorflow": "pip install 'tensorflow[and-cuda]'",
+    "tensorflow": "tensorflow[and-cuda] (CUDA 12: not in the CUDA 13 install, see constraints/gpu.txt)",
 }
 
 
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    if not any(item.get_closest_marker("gpu") for item in items):
-        return
-    listed = smi_uuids()
-    if listed and not xdevice.devices(kind="gpu"):
-        raise pytest.UsageError(
-            f"nvidia-smi lists {len(listed)} GPU(s) but xdevice finds none, so every GPU test would skip: "
-            "check `xdevice devices --machine` and `xdevice doctor`"
-        )
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "gpu_device" in metafunc.fixturenames:
+        specs = gpu_specs(metafunc.config.getoption("--xdevice-devices"))
+        metafunc.parametrize("gpu_device", specs, ids=specs, indirect=True)
+
+
+def gpu_specs(option: str) -> list[str]:
+    """The GPUs ``--xdevice-devices`` names (``auto``: gpu:0 where there is one), else ``gpu:0``.
+
+    >>> gpu_specs("cpu,gpu:1")
+    ['gpu:1']
+    """
+    named = [spec for spec in device_specs(option) if xdevice.device(spec).kind == "gpu"]
+    return named or ["gpu:0"]
+
+
+@pytest.fixture
+def gpu_device(request: pytest.FixtureRequest) -> xdevice.Device:
+    """The GPU under test: each one ``--xdevice-devices`` names, else gpu:0."""
+    return xdevice.device(request.param)
 
 
 def smi(*fields: str) -> list[list[str]]:

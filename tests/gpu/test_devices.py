@@ -55,17 +55,22 @@ def test_the_frameworks_gpu_0_is_xdevices_gpu_0(run_python):
     assert order == "PCI_BUS_ID" and framework == ours, result.stderr[-2000:]
 
 
-def test_the_framework_sees_the_gpu_and_places_arrays_on_it(gpu_backend):
-    assert xdevice.Device("gpu", 0) in xdevice.devices(backend=gpu_backend.name)
-    with xdevice.on("gpu:0", soft=False):
-        assert gpu_backend.device_of(gpu_backend.zeros((4,))) == xdevice.Device("gpu", 0)
-    assert gpu_backend.device_of(gpu_backend.zeros((4,))) == xdevice.Device("cpu", 0)  # said, not assumed
+def test_the_framework_sees_the_gpu_and_places_arrays_on_it(gpu_backend, gpu_device):
+    assert gpu_device in xdevice.devices(backend=gpu_backend.name)
+    # the framework's own default: GPU 0 for JAX and TensorFlow, the CPU for PyTorch
+    own = xdevice.Device("gpu", 0) if getattr(gpu_backend, "defaults_to_gpu", False) else xdevice.Device("cpu", 0)
+    assert gpu_backend.device_of(gpu_backend.zeros((4,))) == own
+    with xdevice.on(gpu_device, soft=False):
+        assert gpu_backend.device_of(gpu_backend.zeros((4,))) == gpu_device
+    assert gpu_backend.device_of(gpu_backend.zeros((4,))) == own  # the block left the default as it was
+    with xdevice.on("cpu:0", soft=False):  # the CPU is said, not assumed
+        assert gpu_backend.device_of(gpu_backend.zeros((4,))) == xdevice.Device("cpu", 0)
 
 
-def test_to_device_moves_an_array_to_the_gpu_and_back(gpu_backend):
+def test_to_device_moves_an_array_to_the_gpu_and_back(gpu_backend, gpu_device):
     x = gpu_backend.zeros((8,))
-    on_gpu = xdevice.to_device(x, "cuda:0")
-    assert xdevice.device_of(on_gpu) == xdevice.Device("gpu", 0)
+    on_gpu = xdevice.to_device(x, f"cuda:{gpu_device.index}")  # the framework's own spelling
+    assert xdevice.device_of(on_gpu) == gpu_device
     assert xdevice.device_of(xdevice.to_device(on_gpu, "cpu")) == xdevice.Device("cpu", 0)
 
 

@@ -98,7 +98,7 @@ def test_seeded_deterministic_fits_on_the_gpu_are_bitwise_equal(run_python, name
 
 @pytest.mark.parametrize("precision, tf32", [("highest", "0"), ("high", "1")])
 def test_an_onnx_runtime_cuda_session_follows_the_precision(run_python, tmp_path, precision, tf32):
-    needs("torch")
+    needs("torch", "onnx")  # exports with torch.onnx
     needs_ort_gpu()
     result = run_python(f"""
         import json, xdevice

@@ -84,7 +84,7 @@ def test_jax_stages_on_gpu_and_cpu_train_as_the_whole_model():
 
 
 def test_a_model_exported_on_the_gpu_runs_in_onnx_runtimes_cuda_provider(tmp_path):
-    needs("torch")
+    needs("torch", "onnx")  # exports with torch.onnx
     needs_ort_gpu()
     from xdevice.converters import export
     from xdevice.serving import Session
@@ -102,7 +102,7 @@ def test_a_model_exported_on_the_gpu_runs_in_onnx_runtimes_cuda_provider(tmp_pat
 def test_gpu_arrays_are_bound_to_an_onnx_runtime_cuda_session_in_place(tmp_path, producer):
     """The IO-binding path: an input already on the session's GPU goes in by its device pointer,
     and the output comes back as the producer's array on that GPU."""
-    needs("torch", producer)
+    needs("torch", producer, "onnx")
     needs_ort_gpu()
     from xdevice.converters import export
     from xdevice.serving import Session

@@ -94,9 +94,10 @@ class Model:
         if inputs:  # checked by name before any is converted
             self._check_inputs(inputs)
         extra = {key: backend.to_device(self.ops.asarray(value), self.device) for key, value in inputs.items()}
-        return self.apply(
-            self.ops, self.params, backend.to_device(self.ops.asarray(x), self.device), train=train, **extra
-        )
+        with self.ops.new_tensors_on(backend.native_device(self.device)):  # masks, states: on the model's device
+            return self.apply(
+                self.ops, self.params, backend.to_device(self.ops.asarray(x), self.device), train=train, **extra
+            )
 
     def _check_inputs(self, inputs: dict[str, Any]) -> None:
         """Keyword inputs besides ``x`` (``attention_mask``) are the ones the definition names."""

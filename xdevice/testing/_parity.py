@@ -21,9 +21,13 @@ by about 1e-3 relative, so a check whose tolerance is tighter (float32's, 1e-4) 
 "medium" would fail for the precision, not for a defect: it runs under "highest" instead, for
 the check only, and the report says so.
 
+Parity runs on the CPU, whatever the machine has: each backend computes inside its framework's
+cpu:0 scope (``Backend.default_device``), since JAX and TensorFlow would otherwise compute on
+GPU 0, TensorFlow even on CPU tensors.
+
 Parity runs the zoo, so it lives in ``xdevice.testing``, the layer above ``xdevice.models``
 (the floor, ``xdevice/_*.py``, imports nothing above it). It reaches each framework only
-through the ``Backend`` contract: ``ops``, ``value_and_grad`` and ``kink_margin``. It is
+through the ``Backend`` contract: ``ops``, ``value_and_grad``, ``kink_margin`` and ``default_device``. It is
 re-exported as ``xdevice.testing.parity`` and ``xdevice.parity``; the module is private so
 that the function, not the module, answers to ``xdevice.testing.parity``.
 """
@@ -37,6 +41,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from xdevice import _configure, _registry
+from xdevice._device import Device
 from xdevice._errors import ParityError, message
 from xdevice._tolerance import TOLERANCES, compare
 
@@ -265,13 +270,20 @@ def parity(
     expected = _zoo_tensors(reference, x, labels, grads)
     with _checked_precision(dtype, names) as report:
         for name in names:
-            actual = _zoo_tensors(model.to(name, device="cpu", dtype=dtype), x, labels, grads)
+            with _on_cpu(name):
+                actual = _zoo_tensors(model.to(name, device="cpu", dtype=dtype), x, labels, grads)
             rows = compare_tensors(model.name, name, actual, expected, dtype)
             report += [
                 dataclasses.replace(r, note=note) if note and not r.ok and r.tensor.startswith("grad ") else r
                 for r in rows
             ]
     return report
+
+
+def _on_cpu(name: str) -> contextlib.AbstractContextManager[Any]:
+    """The scope in which backend ``name`` computes on cpu:0 (without it JAX and TensorFlow
+    compute on GPU 0 when there is one, TensorFlow even on CPU tensors)."""
+    return _registry.backend(name).default_device(Device("cpu", 0))
 
 
 @contextlib.contextmanager
@@ -372,13 +384,14 @@ def assert_parity(
 
     def run(name: str, float_dtype: str) -> dict[str, Any]:
         ops = _registry.backend(name).ops
-        args = [
-            ops.asarray(np.asarray(v).astype(numpy_dtype(float_dtype)))
-            if np.asarray(v).dtype.kind == "f"
-            else (ops.asarray(v) if isinstance(v, np.ndarray) else v)
-            for v in inputs
-        ]
-        result = fn(ops, *args)
+        with _on_cpu(name):
+            args = [
+                ops.asarray(np.asarray(v).astype(numpy_dtype(float_dtype)))
+                if np.asarray(v).dtype.kind == "f"
+                else (ops.asarray(v) if isinstance(v, np.ndarray) else v)
+                for v in inputs
+            ]
+            result = fn(ops, *args)
         items: Iterable[tuple[str, Any]]
         if isinstance(result, dict):
             items = result.items()

@@ -6,7 +6,8 @@ framework unless a test asks for one.
 - ``backend``: parametrised over the installed backends (test ids read ``test_x[torch]``);
   ``--xdevice-backends=torch,jax`` or ``XDEVICE_TEST_BACKENDS=torch,jax`` narrows it.
 - ``device``: parametrised over ``--xdevice-devices`` (default ``cpu``; ``auto`` adds
-  ``gpu:0`` when the machine has one). A backend that lacks the device skips, saying so.
+  ``gpu:0`` when the machine has one). A backend that lacks the device skips, saying so; a GPU
+  case is marked ``gpu``, so ``-m gpu --xdevice-devices=auto`` runs each test on ``gpu:0``.
 - Markers: ``gpu`` (skipped without an NVIDIA GPU), ``multi_device`` (runs on virtual CPU
   devices; skipped, saying why, for a ``backend`` with one CPU device per process: PyTorch
   replicates only across the processes ``xdevice launch --nproc-per-node N`` starts), ``slow``.
@@ -23,7 +24,7 @@ import pytest
 import xdevice
 from xdevice._errors import message
 
-__all__ = ["selected_backends"]
+__all__ = ["device_specs", "selected_backends"]
 
 ENV = "XDEVICE_TEST_BACKENDS"
 
@@ -77,11 +78,19 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         names = selected_backends(metafunc.config)
         metafunc.parametrize("backend", names, ids=names, indirect=True)
     if "device" in metafunc.fixturenames:
-        specs = _device_specs(metafunc.config.getoption("--xdevice-devices"))
-        metafunc.parametrize("device", specs, ids=specs, indirect=True)
+        specs = device_specs(metafunc.config.getoption("--xdevice-devices"))
+        # a GPU case is a gpu test: `-m gpu` selects it, and it skips where there is no GPU
+        cases = [pytest.param(s, id=s, marks=[pytest.mark.gpu] if s.startswith("gpu") else []) for s in specs]
+        metafunc.parametrize("device", cases, indirect=True)
 
 
-def _device_specs(raw: str) -> list[str]:
+def device_specs(raw: str) -> list[str]:
+    """The canonical devices a ``--xdevice-devices`` value names; ``auto`` is ``cpu:0`` and,
+    where the machine has a GPU, ``gpu:0``.
+
+    >>> device_specs("cuda:1, cpu")
+    ['gpu:1', 'cpu:0']
+    """
     specs = []
     for spec in (s.strip() for s in raw.split(",") if s.strip()):
         if spec == "auto":
@@ -138,7 +147,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         return
     if xdevice.devices(kind="gpu"):
         return
-    skip = pytest.mark.skip(reason="needs an NVIDIA GPU; NVML found none (`xdevice devices --machine`)")
+    skip = pytest.mark.skip(reason="needs an NVIDIA GPU; NVML or nvidia-smi found none (`xdevice devices --machine`)")
     for item in items:
         if item.get_closest_marker("gpu"):
             item.add_marker(skip)
