@@ -203,16 +203,7 @@ class Config:
                         fix="drop the CPU entries (use cpu_devices=N for virtual CPUs)",
                     )
                 )
-        if memory_growth is not None and not isinstance(memory_growth, bool):
-            raise ConfigurationError(
-                message(
-                    "memory_growth must be True or False",
-                    expected="a bool",
-                    received=memory_growth,
-                    choices=["True", "False"],
-                    fix="True allocates on demand; False pre-allocates a pool",
-                )
-            )
+        _check_flag("memory_growth", memory_growth, "True allocates on demand; False pre-allocates a pool")
         if isinstance(memory_limit, Mapping):
             memory_limit = {device(k): parse_bytes(v) for k, v in memory_limit.items()}
         elif memory_limit is not None:
@@ -240,16 +231,11 @@ class Config:
                     fix=f"write matmul_precision={meant or DEFAULT_PRECISION!r}",
                 )
             )
-        if deterministic is not None and not isinstance(deterministic, bool):
-            raise ConfigurationError(
-                message(
-                    "deterministic must be True or False",
-                    expected="a bool",
-                    received=deterministic,
-                    choices=["True", "False"],
-                    fix="True turns on every framework's deterministic kernels (set before their runtimes start)",
-                )
-            )
+        _check_flag(
+            "deterministic",
+            deterministic,
+            "True turns on every framework's deterministic kernels (set before their runtimes start)",
+        )
         return cls(visible, memory_growth, memory_limit, cpu_devices, matmul_precision, deterministic)
 
     def limit_for(self, dev: Device) -> int | None:
@@ -324,3 +310,17 @@ class MemoryStats:
     peak: int | None
     limit: int | None
     limit_how: How | None = None
+
+
+def _check_flag(name: str, value: object, fix: str) -> None:
+    """A setting that is True, False or None (not set)."""
+    if value is not None and not isinstance(value, bool):
+        raise ConfigurationError(
+            message(
+                f"{name} must be True or False",
+                expected="a bool",
+                received=value,
+                choices=["True", "False"],
+                fix=fix,
+            )
+        )
