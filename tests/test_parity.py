@@ -77,6 +77,7 @@ def test_the_parity_command_prints_markdown():
 
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.realworld_on("jax")  # 14 s each of JAX compiling every op in half precision
 def test_half_precision_outputs_meet_their_tolerance_row(backend, dtype):
     if backend.name == "numpy" and dtype == "bfloat16":
         pytest.skip("numpy computes bfloat16 through ml_dtypes' slow scalar path")

@@ -152,6 +152,18 @@ def build_parser() -> argparse.ArgumentParser:
     server.add_argument("--grpc-port", type=int, default=8001, help="gRPC port (default 8001; 0: no gRPC)")
     server.add_argument("--threads", type=int, default=None, help="ONNX Runtime intra-op threads per model")
     server.add_argument(
+        "--device",
+        default="cpu",
+        help="where models run whose config.pbtxt does not say (KIND_AUTO or no instance_group): "
+        "cpu (default) or gpu:N",
+    )
+    server.add_argument(
+        "--memory-limit",
+        default=None,
+        help="GPU memory each model's ONNX Runtime session may use, e.g. 8GiB (its gpu_mem_limit; "
+        "xdevice.configure(memory_limit=...))",
+    )
+    server.add_argument(
         "--exit-on-error",
         action=argparse.BooleanOptionalAction,
         default=True,
@@ -455,8 +467,13 @@ def _serve(args: argparse.Namespace) -> int:
     from xdevice.serving.server import serve
 
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if args.memory_limit is not None:
+        import xdevice
+
+        xdevice.configure(memory_limit=args.memory_limit)  # ORT sessions read it (gpu_mem_limit)
     serve(
         args.repository,
+        device=args.device,
         host=args.host,
         port=args.port,
         grpc_port=args.grpc_port,

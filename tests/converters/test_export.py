@@ -78,6 +78,7 @@ def test_numpy_has_no_exporter_and_names_those_that_do():
         export(models.build("mlp", hidden=[8]))
 
 
+@pytest.mark.realworld_on("jax")  # 13 s of jax2onnx; the rule is core's, checked on the other exporters
 def test_the_reported_opset_is_the_one_written_not_the_one_asked_for(exporter, monkeypatch):
     own = exporter.export_onnx
 

@@ -106,7 +106,7 @@ def test_one_onnx_file_is_a_repository_of_one_model_named_after_it(tmp_path):
     repo = Repository(tmp_path / "digits.onnx")
     assert repo.models() == ["digits"] and repo.versions("digits") == [1] and repo.served("digits") == [1]
     assert repo.path("digits") == tmp_path / "digits.onnx"
-    assert repo.config("digits") == ModelConfig(name="digits")
+    assert repo.config("digits") == ModelConfig(name="digits", device="cpu")  # the server's device
     assert repo.index() == [{"name": "digits", "version": "1", "state": "UNAVAILABLE", "reason": ""}]
     assert repo.strays() == []
 
@@ -186,7 +186,7 @@ def test_every_version_the_policy_selects_is_served(tmp_path, policy, served):
 
 def test_no_config_gives_triton_defaults_named_after_the_folder(tmp_path):
     repo = make_repo(tmp_path, {"plain": ["1"]})
-    assert repo.config("plain") == ModelConfig(name="plain")
+    assert repo.config("plain") == ModelConfig(name="plain", device="cpu")  # the server's device
 
 
 def test_config_json_is_accepted(tmp_path):
@@ -283,3 +283,35 @@ def test_triton_config_rejects_an_unknown_dtype():
 def test_v2_datatypes_round_trip():
     assert V2_DATATYPES["float32"] == "FP32" and V2_DATATYPES["string"] == "BYTES"
     assert all(FROM_V2[v2] == name for name, v2 in V2_DATATYPES.items())
+
+
+@pytest.mark.parametrize(
+    "group, expected",
+    [
+        ("", "gpu:1"),  # no instance_group: the server's device
+        ("instance_group [ { kind: KIND_AUTO count: 2 } ]", "gpu:1"),
+        ("instance_group [ { kind: KIND_CPU } ]", "cpu"),
+        ("instance_group [ { kind: KIND_GPU gpus: [ 0 ] } ]", "gpu:0"),
+    ],
+)
+def test_a_model_whose_config_leaves_the_device_open_runs_on_the_servers(tmp_path, group, expected):
+    """``xdevice serve --device gpu:1``: KIND_AUTO and a config without instance_group take the
+    server's device; KIND_CPU and KIND_GPU keep their own."""
+    make_repo(tmp_path, {"m": ["1"]}, {"m": group})
+    config = Repository(tmp_path, device="gpu:1").config("m")
+    assert config.device == expected
+    kind = triton_config(config, [tensor("x", "float32", (2,))], [tensor("y", "float32", (2,))])["instance_group"][0]
+    assert kind["kind"] == ("KIND_CPU" if expected == "cpu" else "KIND_GPU")
+
+
+def test_a_repository_runs_models_on_the_cpu_unless_the_server_says_otherwise(tmp_path):
+    make_repo(tmp_path, {"m": ["1"]}, {"m": "instance_group [ { kind: KIND_AUTO } ]"})
+    assert Repository(tmp_path).config("m").device == "cpu"
+    assert Repository(tmp_path / "m" / "1" / "model.onnx", device="gpu:0").config("model").device == "gpu:0"
+
+
+def test_the_server_refuses_a_device_it_cannot_run_models_on():
+    from xdevice.serving.server import _server_device
+
+    with pytest.raises(ConfigurationError, match=r"Received: 'tpu:0'.*Fix: pass --device cpu or --device gpu:0"):
+        _server_device("tpu:0")

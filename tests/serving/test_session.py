@@ -156,6 +156,22 @@ def test_warmup_failure_says_how_to_skip_it():
     assert Session(model, warmup=False).run({"x": np.ones(4, np.float32)})["y"].shape == (4,)
 
 
+def test_warmup_runs_at_each_batch_size_asked_for():
+    """A GPU session of a batched model warms up at every size its batcher can form
+    (``serving.models.warmup_batches``): each size runs on zeros of that many rows. Reshape to
+    a fixed 4 elements runs on 4 rows only, so the failing size shows which ones ran."""
+    shape = helper.make_tensor("shape", TensorProto.INT64, [1], [4])
+    model = _model(
+        [helper.make_node("Reshape", ["x", "shape"], ["y"])],
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N"])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4])],
+        [shape],
+    )
+    assert Session(model, warmup_batches=(4,)).ready
+    with pytest.raises(InferenceError, match=r"on zeros failed \(batch 2\)"):
+        Session(model, warmup_batches=(4, 2))
+
+
 def test_string_inputs_accept_bytes_and_come_back_as_str():
     model = _model(
         [helper.make_node("Identity", ["s"], ["t"])],
@@ -324,3 +340,28 @@ def test_strict_holds_without_node_assignment_when_ort_refused_cpu_fallback_itse
     _check_providers(
         GPU, REQUESTED, ["CUDAExecutionProvider", "CPUExecutionProvider"], None, True, cpu_fallback_refused=True
     )
+
+
+def test_each_instance_thread_runs_its_own_session(mul_relu_add):
+    """``instance_group { count: 2 }`` on a GPU: two sessions (two CUDA streams), one per
+    instance thread, each thread always on its own (``serving.models.Instances``)."""
+    import concurrent.futures
+
+    from xdevice.serving.models import Instances
+
+    sessions = [Session(mul_relu_add, name="a"), Session(mul_relu_add, name="b")]
+    instances = Instances(sessions)
+    both_started = threading.Barrier(2)
+
+    def which(_):
+        both_started.wait(timeout=10)
+        instances.run({"x": X})  # runs on the thread's own session
+        return threading.get_ident(), instances._local.session.name
+
+    with concurrent.futures.ThreadPoolExecutor(2, initializer=instances.bind) as pool:
+        seen = list(pool.map(which, range(2))) + list(pool.map(which, range(2)))
+    by_thread: dict = {}
+    for thread, name in seen:
+        by_thread.setdefault(thread, set()).add(name)
+    assert sorted(name for names in by_thread.values() for name in names) == ["a", "b"]
+    assert all(len(names) == 1 for names in by_thread.values())

@@ -208,6 +208,7 @@ def test_a_worker_that_crashes_once_is_restarted_and_the_run_completes(tmp_path)
     assert attempts == ["attempt_0", "attempt_0", "attempt_1", "attempt_1"]  # per rank, per attempt
 
 
+@pytest.mark.realworld  # 20 s; one node's TensorFlow launch runs in make test (test_launched_processes...)
 def test_tensorflow_workers_on_two_nodes_learn_each_others_addresses(tmp_path):
     """Two agents on loopback, one node each, meeting at a c10d rendezvous: every worker's
     TF_CONFIG lists both workers (each published its own through the rendezvous store)."""

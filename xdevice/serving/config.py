@@ -8,7 +8,9 @@ do (ensembles, sequence batching, priority queues, other platforms, ...) is refu
 when the model loads, never ignored.
 
 Decisions, where Triton leaves a choice:
-- ``instance_group``: every group on the same device; their counts add up.
+- ``instance_group``: every group on the same device; their counts add up. ``KIND_AUTO`` (and
+  no ``instance_group``) runs on the server's device, ``xdevice serve --device`` (the CPU
+  unless given), as Triton puts it on a GPU where it has one.
 - ``version_policy``: ``latest`` (the newest ``num_versions``, default 1), ``all``, or
   ``specific``; every version selected is loaded and addressable by number.
 - ``model_warmup``: ``zero_data``, ``random_data`` (seeded, so a warm-up is repeatable) or
@@ -107,7 +109,7 @@ class ModelConfig:
     allow_timeout_override: bool = False
     max_queue_size: int = 0  # 0: unbounded
     instance_count: int = 1
-    device: str = "cpu"  # "cpu" or "gpu:N"
+    device: str | None = None  # "cpu" or "gpu:N"; None (KIND_AUTO, no instance_group): the server's
     version_policy: tuple = ("latest", 1)  # ("latest", n), ("all",) or ("specific", (1, 3))
     inputs: tuple[TensorConfig, ...] = ()
     outputs: tuple[TensorConfig, ...] = ()
@@ -277,10 +279,12 @@ def _instances(config: ModelConfig, groups: Any, refuse) -> None:
                 received=gpus,
                 fix="list one GPU, or serve the model once per GPU from separate servers",
             )
-        devices.add(f"gpu:{gpus[0]}" if kind == "KIND_GPU" else "cpu")
+        devices.add(f"gpu:{gpus[0]}" if kind == "KIND_GPU" else "cpu" if kind == "KIND_CPU" else None)
         count += group.count or 1
     if len(devices) > 1:
-        raise refuse("instance_group", "every instance_group must use the same device", received=sorted(devices))
+        raise refuse(
+            "instance_group", "every instance_group must use the same device", received=sorted(map(str, devices))
+        )
     if devices:
         config.device, config.instance_count = devices.pop(), count
 

@@ -15,6 +15,7 @@ import asyncio
 import concurrent.futures
 import dataclasses
 import logging
+import queue
 import re
 import threading
 import time
@@ -31,7 +32,7 @@ from xdevice.serving.repository import V2_DATATYPES, ModelNotFound, Repository
 from xdevice.serving.session import Session
 from xdevice.serving.vocabulary import Vocabulary, check_tokens, vocabularies
 
-__all__ = ["Loaded", "Models", "load_model", "model_info", "retire", "server_info", "statistics"]
+__all__ = ["Loaded", "Models", "load_model", "model_info", "retire", "server_info", "statistics", "warmup_batches"]
 
 logger = logging.getLogger("xdevice.serving")
 
@@ -48,6 +49,30 @@ class Loaded:
     batcher: Batcher | None
     instances: concurrent.futures.ThreadPoolExecutor  # one thread per instance: one run at a time each
     vocabulary: dict[str, Vocabulary] = dataclasses.field(default_factory=dict)  # token-id inputs
+    sessions: Instances | None = None  # one session per instance thread (GPU), else ``session`` for all
+
+    def run(self, inputs: dict[str, Any]) -> dict[str, Any]:
+        """Run on this instance thread's session (called on an ``instances`` thread)."""
+        return (self.sessions or self.session).run(inputs)
+
+
+class Instances:
+    """One session per instance thread: on a GPU each session has its own CUDA stream, so
+    ``instance_group { count: 2 }`` runs two executions at once instead of queueing them on
+    one stream. Each thread of the instances' pool takes a session of its own as it starts
+    (``bind``, the pool's initializer); there are as many sessions as threads."""
+
+    def __init__(self, sessions: list[Session]):
+        self._free: queue.SimpleQueue[Session] = queue.SimpleQueue()
+        for session in sessions:
+            self._free.put(session)
+        self._local = threading.local()
+
+    def bind(self) -> None:
+        self._local.session = self._free.get_nowait()
+
+    def run(self, inputs: dict[str, Any]) -> dict[str, Any]:
+        return self._local.session.run(inputs)
 
 
 class Models:
@@ -99,19 +124,43 @@ class Models:
 
     def _version(self, name: str, version: str, config: ModelConfig) -> Loaded:
         path = self.repository.path(name, version)
-        session = Session(path, device=config.device, name=name, warmup=not config.warmup, **self.session_options)
+        session = Session(
+            path,
+            device=config.device,
+            name=name,
+            warmup=not config.warmup,
+            warmup_batches=warmup_batches(config),
+            **self.session_options,
+        )
         _declared(name, config, session)
         vocabulary = vocabularies(path, config)
         for sample in config.warmup:
             _warm(name, config, session, sample)
         stats = self.registry.of(name, version)
+        sessions = None
+        if config.instance_count > 1 and (config.device or "").startswith("gpu"):
+            more = [
+                Session(
+                    path,
+                    device=config.device,
+                    name=name,
+                    warmup=not config.warmup,
+                    warmup_batches=warmup_batches(config),
+                    **self.session_options,
+                )
+                for _ in range(config.instance_count - 1)
+            ]
+            sessions = Instances([session, *more])
         instances = concurrent.futures.ThreadPoolExecutor(
-            config.instance_count, thread_name_prefix=f"xdevice-{name}-{version}"
+            config.instance_count,
+            thread_name_prefix=f"xdevice-{name}-{version}",
+            initializer=sessions.bind if sessions else None,
         )
+        run = sessions.run if sessions else session.run
         batcher = None
         if config.dynamic_batching:
             batcher = Batcher(
-                session.run,
+                run,
                 max_batch_size=config.max_batch_size,
                 max_queue_delay=config.max_queue_delay_us / 1e6,
                 executor=instances,
@@ -122,7 +171,7 @@ class Models:
                 reject_late=config.timeout_action == "REJECT",
                 max_queue_size=config.max_queue_size,
             )
-        return Loaded(name, version, session, config, stats, batcher, instances, vocabulary)
+        return Loaded(name, version, session, config, stats, batcher, instances, vocabulary, sessions)
 
     def unload(self, name: str) -> list[Loaded]:
         self.repository.config(name)  # an unknown name fails here, with the valid ones
@@ -250,7 +299,7 @@ class Models:
 
 def _run(loaded: Loaded, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     start = time.perf_counter()
-    outputs = loaded.session.run(inputs)
+    outputs = loaded.run(inputs)
     rows = next(iter(inputs.values())).shape[0] if loaded.config.max_batch_size > 0 else 1
     loaded.stats.executed(rows, time.perf_counter() - start)
     return outputs
@@ -449,3 +498,18 @@ async def retire(old: list[Loaded]) -> None:
 def _spec(spec) -> dict:
     shape = [-1 if d is None else d for d in spec.shape]
     return {"name": spec.name, "datatype": V2_DATATYPES[spec.dtype], "shape": shape}
+
+
+def warmup_batches(config: ModelConfig) -> tuple[int, ...]:
+    """The batch sizes a model is warmed up at before it is ready: on a GPU with dynamic
+    batching, every size the batcher can form (the CUDA provider searches cuDNN's algorithms
+    once per new shape, and a search met while serving is a latency spike); else 1.
+
+    >>> warmup_batches(ModelConfig("m", max_batch_size=4, dynamic_batching=True, device="gpu:0"))
+    (1, 2, 3, 4)
+    >>> warmup_batches(ModelConfig("m", max_batch_size=4, dynamic_batching=True, device="cpu"))
+    (1,)
+    """
+    if config.dynamic_batching and config.max_batch_size > 0 and (config.device or "").startswith("gpu"):
+        return tuple(range(1, config.max_batch_size + 1))
+    return (1,)

@@ -66,7 +66,8 @@ class Repository:
     PosixPath('models/resnet/2/model.onnx')
     """
 
-    def __init__(self, root: Path | str) -> None:
+    def __init__(self, root: Path | str, device: str = "cpu") -> None:
+        self.device = device  # where a model runs whose configuration leaves it to the server
         path = Path(root)
         self.file: Path | None = None  # the one model file, when root is a file
         if path.is_file() and path.suffix == ".onnx":
@@ -130,7 +131,10 @@ class Repository:
     def config(self, name: str) -> ModelConfig:
         """The model's :class:`ModelConfig`, read from its folder (Triton's defaults for a file)."""
         folder = self._folder(name)
-        return ModelConfig(name=name) if self.file is not None else read_config(folder)
+        config = ModelConfig(name=name) if self.file is not None else read_config(folder)
+        if config.device is None:  # KIND_AUTO or no instance_group: the server's device
+            config.device = self.device
+        return config
 
     def unserved(self, name: str) -> str:
         """Why ``name`` has no version to serve, in one line: what was found and the fix
@@ -297,7 +301,7 @@ def triton_config(config: ModelConfig, inputs: Any, outputs: Any, platform: str 
         dims = [d if isinstance(d, int) and d >= 0 else -1 for d in shape]
         return {"name": t.name, "data_type": _TRITON_TYPES[dtype], "dims": dims, "is_shape_tensor": False}
 
-    gpu = config.device.startswith("gpu")
+    gpu = (config.device or "cpu").startswith("gpu")
     kind = config.version_policy[0]
     if kind == "all":
         policy: dict = {"all": {}}
@@ -321,7 +325,7 @@ def triton_config(config: ModelConfig, inputs: Any, outputs: Any, platform: str 
                 "name": config.name,
                 "kind": "KIND_GPU" if gpu else "KIND_CPU",
                 "count": config.instance_count,
-                "gpus": [int(config.device.partition(":")[2] or 0)] if gpu else [],
+                "gpus": [int((config.device or "").partition(":")[2] or 0)] if gpu else [],
             }
         ],
         "default_model_filename": "model.onnx",

@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
+from xdevice._device import device as xdevice_device
 from xdevice._errors import ConfigurationError, InferenceError, XDeviceError, message
 from xdevice.serving.metrics import Registry
 from xdevice.serving.models import Models, load_model, model_info, retire, server_info, statistics
@@ -66,6 +67,7 @@ def create_app(
     strict_readiness: bool = True,
     grpc_port: int | None = None,
     grpc_host: str = "127.0.0.1",
+    device: str = "cpu",
 ):
     """The Starlette app serving ``repository`` (Triton's layout, or one ``.onnx`` file);
     loads every model now.
@@ -77,6 +79,8 @@ def create_app(
             either way, never with no model loaded.
         grpc_port: also serve gRPC (``GRPCInferenceService``) on this port once the app
             starts (0: a free one, read back from ``app.state.grpc_port``); None: HTTP only.
+        device: where a model runs whose configuration does not say (``KIND_AUTO`` or no
+            ``instance_group``): ``"cpu"`` or ``"gpu:N"``.
     """
     from starlette.applications import Starlette
     from starlette.exceptions import HTTPException
@@ -84,7 +88,7 @@ def create_app(
     from starlette.routing import Route
 
     registry = Registry()
-    repo = Repository(repository)
+    repo = Repository(repository, device=_server_device(device))
     models = Models(repo, registry, **({"threads": threads} if threads else {}))
     loader = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="xdevice-load")
     for name in repo.models():
@@ -436,6 +440,26 @@ class ServerProcess:
         if self.process is not None:
             self.process.terminate()
             self.process.wait(30)
+
+
+def _server_device(spec: str) -> str:
+    """``--device`` as the repository writes devices: ``"cpu"`` or ``"gpu:N"``.
+
+    >>> _server_device("cuda:1"), _server_device("cpu:0")
+    ('gpu:1', 'cpu')
+    """
+    where = xdevice_device(spec)
+    if where.kind not in ("cpu", "gpu"):
+        raise ConfigurationError(
+            message(
+                "The server runs models on the CPU or an NVIDIA GPU",
+                expected="cpu or gpu:N",
+                received=spec,
+                choices=["cpu", "gpu:0"],
+                fix="pass --device cpu or --device gpu:0",
+            )
+        )
+    return str(where) if where.kind == "gpu" else "cpu"
 
 
 def serve(

@@ -35,6 +35,7 @@ import collections
 import dataclasses
 import os
 import warnings
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -91,6 +92,9 @@ class Session:
         tensorrt: put ORT's TensorRT provider before CUDA (GPU only).
         strict: on a GPU, refuse a model with any node assigned to the CPU provider.
         warmup: run once on zeros before ``ready`` turns True.
+        warmup_batches: the batch sizes (a dynamic first axis) the warm-up runs: on a GPU, the
+            CUDA provider searches cuDNN's algorithms for each new shape, so a size first met
+            while serving pays that search in its latency.
         name: the model's name in messages (default: the file's stem, or the graph's name).
 
     Raises:
@@ -113,6 +117,7 @@ class Session:
         tensorrt: bool = False,
         strict: bool = False,
         warmup: bool = True,
+        warmup_batches: Sequence[int] = (1,),
         name: str | None = None,
     ) -> None:
         import onnxruntime as ort
@@ -182,14 +187,14 @@ class Session:
         self.inputs = [_spec(a) for a in self._session.get_inputs()]
         self.outputs = [_spec(a) for a in self._session.get_outputs()]
         self.ready = False
-        if warmup:
-            zeros = {s.name: _zeros(s) for s in self.inputs}
+        for batch in warmup_batches if warmup else ():
+            zeros = {s.name: _zeros(s, batch) for s in self.inputs}
             try:
                 self.run(zeros)
             except Exception as error:
                 raise InferenceError(
                     message(
-                        f"Warm-up of model {self.name!r} on zeros failed",
+                        f"Warm-up of model {self.name!r} on zeros failed (batch {batch})",
                         received=str(error)[:500],
                         fix="pass warmup=False if the model needs real inputs (related dims, valid ids)",
                     )
@@ -452,10 +457,11 @@ def _spec(arg) -> TensorSpec:
     return TensorSpec(arg.name, _ONNX_TO_NUMPY.get(kind, kind), shape)
 
 
-def _zeros(spec: TensorSpec):
+def _zeros(spec: TensorSpec, batch: int = 1):
+    """Zeros of ``spec``'s shape: ``batch`` rows on a dynamic first axis, 1 on any other."""
     import numpy as np
 
-    shape = tuple(1 if d is None else d for d in spec.shape)
+    shape = tuple((batch if i == 0 else 1) if d is None else d for i, d in enumerate(spec.shape))
     return np.full(shape, "", dtype=object) if spec.dtype == "string" else np.zeros(shape, spec.dtype)
 
 
