@@ -35,6 +35,22 @@ except ImportError:
     pass
 
 
+#: code that starts each framework's runtime, which reads its settings once, as it starts
+RUNTIME_STARTS = {
+    "jax": "import jax.numpy as jnp; jnp.ones(1).block_until_ready()",
+    "tensorflow": "import tensorflow as tf; tf.ones(1)",
+}
+
+
+@pytest.fixture(params=sorted(RUNTIME_STARTS))
+def started_runtime(request):
+    """``(backend name, code that starts its runtime)``, for a test run in a fresh interpreter
+    (``run_python``) that configures too late."""
+    if request.param not in xdevice.backends():
+        pytest.skip(f"{request.param} is not installed")
+    return request.param, RUNTIME_STARTS[request.param]
+
+
 @pytest.fixture
 def run_python():
     """Run code in a fresh interpreter (a runtime not yet started); returns the result."""

@@ -46,16 +46,8 @@ def test_the_torch_cpu_devices_advisory_names_the_launcher(run_python):
     assert "without devices=" in result.stdout
 
 
-@pytest.mark.parametrize(
-    "name, start",
-    [
-        ("jax", "import jax.numpy as jnp; jnp.ones(1).block_until_ready()"),
-        ("tensorflow", "import tensorflow as tf; tf.ones(1)"),
-    ],
-)
-def test_configuring_after_the_runtime_started_names_the_framework_and_the_fix(name, start, run_python):
-    if name not in xdevice.backends():
-        pytest.skip(f"{name} is not installed")
+def test_configuring_after_the_runtime_started_names_the_framework_and_the_fix(started_runtime, run_python):
+    name, start = started_runtime
     result = run_python(f"""
         import xdevice
         {start}

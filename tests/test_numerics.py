@@ -135,16 +135,8 @@ def test_a_precision_not_ours_is_refused_with_the_choices_and_the_name_meant():
         xdevice.configure(deterministic="yes")
 
 
-@pytest.mark.parametrize(
-    "name, start",
-    [
-        ("jax", "import jax.numpy as jnp; jnp.ones(1).block_until_ready()"),
-        ("tensorflow", "import tensorflow as tf; tf.ones(1)"),
-    ],
-)
-def test_determinism_after_the_runtime_started_is_refused_with_the_fix(name, start, run_python):
-    if name not in xdevice.backends():
-        pytest.skip(f"{name} is not installed")
+def test_determinism_after_the_runtime_started_is_refused_with_the_fix(started_runtime, run_python):
+    name, start = started_runtime
     result = run_python(f"""
         import xdevice
         {start}

@@ -142,15 +142,19 @@ def test_warmup_makes_the_session_ready(mul_relu_add):
     assert Session(mul_relu_add, warmup=False).ready is True
 
 
-def test_warmup_failure_says_how_to_skip_it():
-    # Reshape to a fixed 4 elements fails on the warm-up's 1-element zeros
+def reshape_to_four():
+    """``y = reshape(x, [4])`` over a dynamic axis: it runs on 4 rows only."""
     shape = helper.make_tensor("shape", TensorProto.INT64, [1], [4])
-    model = _model(
+    return _model(
         [helper.make_node("Reshape", ["x", "shape"], ["y"])],
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N"])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4])],
         [shape],
     )
+
+
+def test_warmup_failure_says_how_to_skip_it():
+    model = reshape_to_four()  # fails on the warm-up's 1-row zeros
     with pytest.raises(InferenceError, match="warmup=False"):
         Session(model)
     assert Session(model, warmup=False).run({"x": np.ones(4, np.float32)})["y"].shape == (4,)
@@ -160,13 +164,7 @@ def test_warmup_runs_at_each_batch_size_asked_for():
     """A GPU session of a batched model warms up at every size its batcher can form
     (``serving.models.warmup_batches``): each size runs on zeros of that many rows. Reshape to
     a fixed 4 elements runs on 4 rows only, so the failing size shows which ones ran."""
-    shape = helper.make_tensor("shape", TensorProto.INT64, [1], [4])
-    model = _model(
-        [helper.make_node("Reshape", ["x", "shape"], ["y"])],
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N"])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4])],
-        [shape],
-    )
+    model = reshape_to_four()
     assert Session(model, warmup_batches=(4,)).ready
     with pytest.raises(InferenceError, match=r"on zeros failed \(batch 2\)"):
         Session(model, warmup_batches=(4, 2))
@@ -344,24 +342,29 @@ def test_strict_holds_without_node_assignment_when_ort_refused_cpu_fallback_itse
 
 def test_each_instance_thread_runs_its_own_session(mul_relu_add):
     """``instance_group { count: 2 }`` on a GPU: two sessions (two CUDA streams), one per
-    instance thread, each thread always on its own (``serving.models.Instances``)."""
+    instance thread, each thread always on its own (``serving.models.Instances``). The two
+    sessions compute different things, so an answer says which one ran."""
     import concurrent.futures
 
     from xdevice.serving.models import Instances
 
-    sessions = [Session(mul_relu_add, name="a"), Session(mul_relu_add, name="b")]
-    instances = Instances(sessions)
+    identity = _model(
+        [helper.make_node("Identity", ["x"], ["y"])],
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 4])],
+    )
+    instances = Instances([Session(mul_relu_add), Session(identity)])
     both_started = threading.Barrier(2)
 
     def which(_):
         both_started.wait(timeout=10)
-        instances.run({"x": X})  # runs on the thread's own session
-        return threading.get_ident(), instances._local.session.name
+        ran = "identity" if np.array_equal(instances.run({"x": X})["y"], X) else "mul_relu_add"
+        return threading.get_ident(), ran
 
     with concurrent.futures.ThreadPoolExecutor(2, initializer=instances.bind) as pool:
         seen = list(pool.map(which, range(2))) + list(pool.map(which, range(2)))
     by_thread: dict = {}
-    for thread, name in seen:
-        by_thread.setdefault(thread, set()).add(name)
-    assert sorted(name for names in by_thread.values() for name in names) == ["a", "b"]
-    assert all(len(names) == 1 for names in by_thread.values())
+    for thread, ran in seen:
+        by_thread.setdefault(thread, set()).add(ran)
+    assert sorted(ran for kinds in by_thread.values() for ran in kinds) == ["identity", "mul_relu_add"]
+    assert all(len(kinds) == 1 for kinds in by_thread.values())

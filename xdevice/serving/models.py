@@ -156,11 +156,10 @@ class Models:
             thread_name_prefix=f"xdevice-{name}-{version}",
             initializer=sessions.bind if sessions else None,
         )
-        run = sessions.run if sessions else session.run
         batcher = None
         if config.dynamic_batching:
             batcher = Batcher(
-                run,
+                (sessions or session).run,  # as Loaded.run
                 max_batch_size=config.max_batch_size,
                 max_queue_delay=config.max_queue_delay_us / 1e6,
                 executor=instances,

@@ -35,12 +35,12 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from xdevice._device import device as xdevice_device
 from xdevice._errors import ConfigurationError, InferenceError, XDeviceError, message
 from xdevice.serving.metrics import Registry
 from xdevice.serving.models import Models, load_model, model_info, retire, server_info, statistics
 from xdevice.serving.protocol import HEADER_LENGTH, BadRequest, decode_request, encode_response
 from xdevice.serving.repository import ModelNotFound, Repository, triton_config
+from xdevice.serving.session import serving_device
 
 if TYPE_CHECKING:
     import subprocess
@@ -448,17 +448,7 @@ def _server_device(spec: str) -> str:
     >>> _server_device("cuda:1"), _server_device("cpu:0")
     ('gpu:1', 'cpu')
     """
-    where = xdevice_device(spec)
-    if where.kind not in ("cpu", "gpu"):
-        raise ConfigurationError(
-            message(
-                "The server runs models on the CPU or an NVIDIA GPU",
-                expected="cpu or gpu:N",
-                received=spec,
-                choices=["cpu", "gpu:0"],
-                fix="pass --device cpu or --device gpu:0",
-            )
-        )
+    where = serving_device(spec)
     return str(where) if where.kind == "gpu" else "cpu"
 
 

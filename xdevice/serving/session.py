@@ -47,7 +47,7 @@ from xdevice._errors import ConfigurationError, DeviceNotFound, InferenceError, 
 from xdevice._tensors import backend_of, to_host
 from xdevice.serving.iobinding import bind_in_place, binds_in_place, ort_device
 
-__all__ = ["TensorSpec", "Session"]
+__all__ = ["TensorSpec", "Session", "serving_device"]
 
 _OPTIMIZATION = {
     "disable": "ORT_DISABLE_ALL",
@@ -124,11 +124,7 @@ class Session:
 
         from xdevice.converters.load import load_model
 
-        self.device: Device = parse_device(device)
-        if self.device.kind not in ("cpu", "gpu"):
-            raise ConfigurationError(
-                message("ONNX Runtime serves on a CPU or a GPU", received=str(self.device), choices=["cpu", "gpu:0"])
-            )
+        self.device: Device = serving_device(device)
         available = list(ort.get_available_providers())
         refuse_cpu = _onnxruntime.DISABLE_CPU_FALLBACK in _onnxruntime.session_config(
             available, self.device, cpu_fallback=not strict
@@ -455,6 +451,28 @@ def _spec(arg) -> TensorSpec:
     kind = arg.type[len("tensor(") : -1] if arg.type.startswith("tensor(") else arg.type
     shape = tuple(d if isinstance(d, int) else None for d in (arg.shape or ()))
     return TensorSpec(arg.name, _ONNX_TO_NUMPY.get(kind, kind), shape)
+
+
+def serving_device(spec: Any) -> Device:
+    """``spec`` (any spelling ``xdevice.device`` reads) as a device ONNX Runtime serves on.
+
+    Raises:
+        ConfigurationError: not the CPU or a GPU.
+
+    >>> str(serving_device("cuda:1"))
+    'gpu:1'
+    """
+    where = parse_device(spec)
+    if where.kind not in ("cpu", "gpu"):
+        raise ConfigurationError(
+            message(
+                "ONNX Runtime serves on a CPU or a GPU",
+                received=str(where),
+                choices=["cpu", "gpu:0"],
+                fix="pass device='cpu' or 'gpu:N' (xdevice serve --device)",
+            )
+        )
+    return where
 
 
 def _zeros(spec: TensorSpec, batch: int = 1):
