@@ -291,6 +291,14 @@ class Backend(abc.ABC):
         """``target``'s outputs on the numpy ``inputs`` in inference mode, flattened as
         ``export_onnx`` flattens them, as numpy arrays: what its export must reproduce."""
 
+    def one_example(self, target: Any, inputs: tuple[Any, ...]) -> Any:
+        """``target`` made to take a batch, when it takes one example (axis 0 of ``inputs`` is
+        not a batch it can trace symbolically, but a batch added in front is): a callable
+        of the batched inputs, each row computed as ``target`` computes one example. None when
+        ``target`` takes a batch already, or the framework has no way to add one. Default: None.
+        """
+        return None
+
     def reference_device(self, target: Any) -> Device:
         """The device :meth:`native_outputs` computes ``target`` on: where its weights live
         (export verification says it). Default: cpu:0."""

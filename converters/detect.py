@@ -130,6 +130,10 @@ class OwnGraph:
         """Where ``native_outputs`` computes: the device the imported model is bound to."""
         return target.device
 
+    def one_example(self, target: Any, inputs: Inputs) -> None:
+        """None: an imported graph keeps the batch axis its ONNX inputs declare."""
+        return None
+
 
 def framework_of(model: Any) -> str:
     """The backend that exports a native ``model``: the one that owns it (``_registry.owner``)."""

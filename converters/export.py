@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from xdevice import _registry
-from xdevice.converters.axes import BATCH, axis_sizes, resized, symbolic_axes
+from xdevice.converters.axes import BATCH, axis_sizes, resampled, resized, symbolic_axes
 from xdevice.converters.checks import (
     TensorInfo,
     check_axes,
@@ -74,6 +74,8 @@ class ExportResult:
         inputs, outputs: names, shapes (``"batch"`` where dynamic) and dtypes.
         verification: one comparison per output and batch size (empty with ``verify=False``).
         seconds: time the framework's exporter took.
+        batching: how the batch axis came to be, when export added it: a model that takes one
+            example, exported batched through ``jax.vmap`` (see ``export``); "" otherwise.
     """
 
     model: Any
@@ -86,6 +88,7 @@ class ExportResult:
     outputs: tuple[TensorInfo, ...]
     verification: tuple[Verification, ...]
     seconds: float
+    batching: str = ""
 
     @property
     def dynamic_batch(self) -> bool:
@@ -102,6 +105,7 @@ class ExportResult:
             f"exported from {self.backend} by {self.producer} in {self.seconds:.2f} s",
             f"opset     {self.opset}{asked}",
         ]
+        lines += [f"batch     {self.batching}"] if self.batching else []
         lines += [f"input     {t}" for t in self.inputs]
         lines += [f"output    {t}" for t in self.outputs]
         lines += [f"verified  {v}" for v in self.verification] or ["verified  no (verify=False)"]
@@ -134,7 +138,11 @@ def export(
             inputs its definition names besides (``{"input_ids": ids, "attention_mask":
             mask}``); the graph inputs are named by the keys. Native models need them.
         opset: the ONNX opset to ask the exporter for.
-        dynamic_batch: make axis 0 of every input and output the symbolic ``batch``.
+        dynamic_batch: make axis 0 of every input and output the symbolic ``batch``. A JAX
+            model that takes one example (an equinox module called on a ``(12,)`` vector, to be
+            batched with ``jax.vmap``) gets a batch axis in front, added by ``jax.vmap``: the
+            ONNX input is ``(batch, 12)``, said in a warning and in ``batching``. False
+            exports the model exactly as called, every axis its example's size.
         dynamic_axes: more symbolic dimensions, by name: ``{1: "seq"}`` on every input with
             an axis 1, or per input ``{"tokens": {1: "seq"}}``; one name is one size across
             inputs. Verification then also runs with those axes at another size.
@@ -149,18 +157,27 @@ def export(
     >>> result.opset, result.inputs[0].shape  # doctest: +SKIP
     (18, ('batch', 784))
     """
+    from xdevice import models
+
     name, target, inputs, second = source_of(model, backend, example_inputs, dynamic_batch)
-    axes = symbolic_axes(inputs, dynamic_batch, dynamic_axes)
-    second = resized(second if dynamic_batch else inputs, axes)
     exporter = OwnGraph(target) if is_imported(target) else _registry.backend(name)
     runs_on(exporter, target, inputs)
+    where = _reference_device(exporter, target)
+    batching = ""
+    if dynamic_batch and not isinstance(model, models.Model):  # a zoo model takes a batch
+        batched = exporter.one_example(target, inputs)
+        if batched is not None:
+            batching = _said_batched(inputs)
+            target, inputs = batched, inputs.replaced([x[None] for x in inputs])
+            second = resampled(inputs)
+    axes = symbolic_axes(inputs, dynamic_batch, dynamic_axes)
+    second = resized(second if dynamic_batch else inputs, axes)
     start = time.perf_counter()
     proto = exporter.export_onnx(target, inputs, opset, axes)
     seconds = time.perf_counter() - start
     name_inputs_and_outputs(proto, dynamic_batch, inputs.names, axes)
     producer = producer_of(proto)
     source = lambda *xs: exporter.native_outputs(target, inputs.replaced(xs))
-    where = _reference_device(exporter, target)
     with staged(proto, path) as location:
         check_model(proto, location, producer)
         inputs_info = tuple(tensor_info(v) for v in graph_inputs(proto))
@@ -168,9 +185,11 @@ def export(
         check_axes(inputs_info, axes, producer)
         checks: list[Verification] = []
         if verify:
-            checks += run_and_compare(proto, source, inputs, location, axis_sizes(inputs, axes), where)
+            checks += run_and_compare(proto, source, inputs, location, axis_sizes(inputs, axes), where, dynamic_batch)
             if any(axes):
-                checks += run_and_compare(proto, source, second, location, axis_sizes(second, axes), where)
+                checks += run_and_compare(
+                    proto, source, second, location, axis_sizes(second, axes), where, dynamic_batch
+                )
     return ExportResult(
         model=proto,
         path=Path(path) if path is not None else None,
@@ -182,7 +201,23 @@ def export(
         outputs=tuple(tensor_info(v) for v in proto.graph.output),
         verification=tuple(checks),
         seconds=seconds,
+        batching=batching,
     )
+
+
+def _said_batched(inputs: Any) -> str:
+    """Say, once, that a model taking one example is exported with a batch axis added in front
+    (``jax.vmap``), and how to export it as called; the words go into ``ExportResult.batching``."""
+    import warnings
+
+    shapes = ", ".join(str(tuple(x.shape)) for x in inputs)
+    batched = ", ".join(str(("batch", *x.shape)).replace("'", "") for x in inputs)
+    said = (
+        f"the model takes one example (input {shapes}), not a batch: exported batched through "
+        f"jax.vmap, ONNX input {batched}; export(..., dynamic_batch=False) exports it as called"
+    )
+    warnings.warn(f"xdevice.export: {said}", UserWarning, stacklevel=3)
+    return said
 
 
 def _reference_device(exporter: Any, target: Any) -> Any:

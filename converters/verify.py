@@ -19,7 +19,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from xdevice import _configure, _onnxruntime
+from xdevice import _configure, _onnxruntime, _quiet
 from xdevice._device import Device
 from xdevice._device import device as as_device
 from xdevice._errors import ConversionError, message
@@ -33,7 +33,8 @@ __all__ = ["verify", "Verification", "run_and_compare"]
 
 @dataclasses.dataclass(frozen=True)
 class Verification:
-    """One output of the ONNX model compared with the source framework's, at one batch size."""
+    """One output of the ONNX model compared with the source framework's, at one batch size
+    (or, for a model exported without a batch axis, at the example's input shapes)."""
 
     output: str
     batch: int
@@ -42,6 +43,7 @@ class Verification:
     sizes: str = ""  # the other dynamic axes' sizes, when there are some ("seq 31")
     precision: str = "highest"  # the float32 matmul precision the source ran under (ORT's CPU: always IEEE)
     device: str | None = None  # where the source computed ("cpu:0", "gpu:0"); None: not said
+    shapes: tuple[tuple[int, ...], ...] | None = None  # the inputs' shapes where axis 0 is no batch
 
     @property
     def check(self) -> str:
@@ -55,10 +57,10 @@ class Verification:
         )
 
     def __str__(self) -> str:
-        where = f"batch {self.batch}" + (f", {self.sizes}" if self.sizes else "")
+        where = _at(self.batch, self.shapes) + (f", {self.sizes}" if self.sizes else "")
         source = f"source on {self.device}, " if self.device else ""
         return (
-            f"{self.output} at {where}: max abs error {self.comparison.max_abs:.2g} ({self.check}; "
+            f"{self.output} {where}: max abs error {self.comparison.max_abs:.2g} ({self.check}; "
             f"{source}matmul precision {self.precision})"
         )
 
@@ -93,16 +95,18 @@ def run_and_compare(
     location: Path | None,
     sizes: str = "",
     device: Any = None,
+    batched: bool = True,
 ) -> list[Verification]:
     """``verify``'s work on flat numpy ``inputs``, the model staged at ``location`` (None: in
-    memory); ``sizes`` names the other dynamic axes' sizes, ``device`` where ``source`` computes."""
+    memory); ``sizes`` names the other dynamic axes' sizes, ``device`` where ``source`` computes;
+    ``batched`` is False for a model whose axis 0 is no batch (checks then name input shapes)."""
     import numpy as np
     import onnxruntime
 
     cpu = Device("cpu", 0)
     available = onnxruntime.get_available_providers()
     options = _onnxruntime.session_options(cpu, available=available, ort=onnxruntime)
-    options.log_severity_level = 3
+    options.log_severity_level = 2 if _quiet.verbose() else 4  # a failure is raised below, not logged
     model = str(location) if location is not None else proto.SerializeToString()
     providers = _onnxruntime.configured_provider_options(available, cpu)
     session = onnxruntime.InferenceSession(model, options, providers=providers)
@@ -141,12 +145,14 @@ def run_and_compare(
             )
         )
     batch = int(inputs[0].shape[0]) if np.ndim(inputs[0]) else 1
+    shapes = None if batched else tuple(tuple(int(d) for d in np.shape(x)) for x in inputs)
+    at = _at(batch, shapes)
     checks = []
     for name, a, e in zip(outputs, actual, expected):
         if a.shape != e.shape:
             raise ConversionError(
                 message(
-                    f"ONNX output {name!r} has another shape than the source's at batch {batch}",
+                    f"ONNX output {name!r} has another shape than the source's {at}",
                     expected=str(e.shape),
                     received=a.shape,
                     fix="check that the model is batch-agnostic, or pass dynamic_batch=False",
@@ -154,11 +160,11 @@ def run_and_compare(
             )
         scale = _scale(e)
         comparison = compare(a, e, e.dtype.name, scale=scale)
-        check = Verification(name, batch, comparison, scale, sizes, precision, where)
+        check = Verification(name, batch, comparison, scale, sizes, precision, where, shapes)
         if not comparison.ok:
             raise ConversionError(
                 message(
-                    f"ONNX output {name!r} disagrees with the source at batch {batch}: "
+                    f"ONNX output {name!r} disagrees with the source {at}: "
                     f"{comparison.actual!r} at index {comparison.worst_index} where the source gives "
                     f"{comparison.expected!r}",
                     expected=f"{check.check} ({e.dtype.name}, the source at matmul precision {precision!r})",
@@ -171,6 +177,14 @@ def run_and_compare(
             )
         checks.append(check)
     return checks
+
+
+def _at(batch: int, shapes: tuple[tuple[int, ...], ...] | None) -> str:
+    """Where a check ran, in words: ``"at batch 8"``, or ``"with input shape (12,)"`` for a
+    model whose axis 0 is no batch."""
+    if shapes is None:
+        return f"at batch {batch}"
+    return f"with input shape{'s' if len(shapes) > 1 else ''} " + ", ".join(str(s) for s in shapes)
 
 
 def _scale(expected: Any) -> float:

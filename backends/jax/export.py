@@ -154,6 +154,29 @@ class Export:
                 bounds.append(found)
         Path(path).write_bytes(exported.serialize())
 
+    def one_example(self, target: Any, inputs: tuple[Any, ...]) -> Any:
+        """``jax.vmap`` of ``target`` when it takes one example: its shapes do not trace with
+        axis 0 a symbolic ``batch`` (an equinox ``MLP(in_size=12)`` on a ``(12,)`` vector
+        contracts that axis with its weights), but do with a symbolic batch added in front."""
+        inputs = inputs if isinstance(inputs, Inputs) else Inputs.of(inputs)
+        function = as_function(_for_export(target))
+        if not all(np.ndim(x) for x in inputs):
+            return None
+
+        def traces(fn: Any, added: bool) -> bool:
+            (batch,) = jax.export.symbolic_shape("batch")
+            specs = [jax.ShapeDtypeStruct((batch, *(x.shape if added else x.shape[1:])), x.dtype) for x in inputs]
+            try:
+                jax.eval_shape(lambda *xs: call_with(fn, inputs, xs, keywords=False), *specs)
+            except Exception:  # noqa: BLE001 - any failure to trace (a shape error, a size it needs) is an answer
+                return False
+            return True
+
+        if traces(function, added=False):
+            return None
+        batched = jax.vmap(function)
+        return batched if traces(batched, added=True) else None
+
     def native_outputs(self, target: Any, inputs: tuple[Any, ...]) -> list[Any]:
         inputs = inputs if isinstance(inputs, Inputs) else Inputs.of(inputs)
         with self.default_device(self.reference_device(target)):  # not GPU 0 for weights on the CPU
