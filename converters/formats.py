@@ -9,8 +9,8 @@
 The model is imported (``from_onnx``) on that framework and traced once by its backend
 (``Backend.save_converted``, in the backend's ``export.py``); the saved program holds only that
 framework's ops and the weights. Every symbolic dimension of the graph's inputs stays symbolic
-where the framework's tracer can keep it (see ``convert_model``); the result says which were
-fixed, and why.
+where the framework's tracer can keep them; where it cannot, ``convert_model`` raises naming the
+node, and ``fixed=`` fixes those dimensions at the sizes you choose.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import contextlib
 import dataclasses
 import os
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -47,8 +48,8 @@ def formats() -> dict[str, str]:
 class Converted:
     """A converted model: ``inputs`` are ``(name, dtype, shape)`` with each dimension as the
     saved program takes it: a number where fixed, a name where any size is accepted (one name,
-    one size, across inputs); ``dynamic`` says which symbolic dims stayed free, ``note`` why
-    the others were fixed."""
+    one size, across inputs); ``dynamic_batch`` says whether axis 0 stayed free; ``note``
+    names the dimensions fixed on request (``fixed=``)."""
 
     path: Path
     framework: str
@@ -58,13 +59,16 @@ class Converted:
     note: str = ""
 
 
-def convert_model(model: Any, to: str, output: str | os.PathLike | None = None) -> Converted:
+def convert_model(
+    model: Any, to: str, output: str | os.PathLike | None = None, *, fixed: Mapping[str, int] | None = None
+) -> Converted:
     """Write the ONNX ``model`` (path, bytes or ModelProto) in framework ``to``'s own format.
 
     Every dimension the graph leaves symbolic stays symbolic in the saved program (named dims
-    shared across inputs bind to one size); when the framework's tracer cannot keep them all,
-    the batch alone stays free, and failing that every dimension is fixed at the example's
-    size: ``Converted.note`` says which, and why.
+    shared across inputs bind to one size). Where the framework's tracer cannot keep one, the
+    conversion raises ``ConversionError`` naming the node and the dimensions; ``fixed={"seq":
+    128}`` then fixes those dimensions at a size of your choice. ``output`` gets the format's
+    suffix (``.pt2``, ``.savedmodel``, ``.jax``) when it has another or none.
     """
     suffix = _registry.backend(to).saved_format if to in _registry.backends(all=True) else None
     if suffix is None:
@@ -73,35 +77,64 @@ def convert_model(model: Any, to: str, output: str | os.PathLike | None = None) 
     imported = from_onnx(model, backend=to)
     base = Path(model).with_suffix("") if isinstance(model, (str, os.PathLike)) else Path("model")
     path = Path(output) if output else base.with_suffix(suffix)
+    if path.suffix != suffix:  # torch.export.save warns of any other; a folder name may hold dots
+        path = path.with_name(path.name + suffix)
     declared = _input_specs(imported)
-    examples = _examples(declared)
-    writer = imported.backend.save_converted
-    failures = []
-    for attempt in ("all", "batch", "none"):
-        specs = _free(declared, attempt)
-        try:
-            writer(imported, specs, examples, path, dynamic=attempt != "none")
-            break
-        except Exception as error:
-            if attempt == "none":
-                raise
-            failures.append(
-                f"{type(error).__name__}: {str(error).splitlines()[0][:160]}" if str(error) else type(error).__name__
-            )
-    fixed = [
-        f"{name}[{axis}]={size}"
-        for (name, _, was), (_, _, now), x in zip(declared, specs, examples)
-        for axis, (d, e, size) in enumerate(zip(was, now, x.shape))
-        if isinstance(d, str) and not isinstance(e, str)
-    ]
+    specs = _fixed(declared, dict(fixed or {}))
+    try:
+        imported.backend.save_converted(imported, specs, _examples(specs), path, dynamic=_symbolic(specs))
+    except Exception as error:
+        if not _symbolic(specs):
+            raise
+        raise _cannot_keep(to, specs, error) from error
     note = ""
     if fixed:
-        note = (
-            f"fixed at the example's size: {', '.join(fixed)}; the {to} tracer could not keep them "
-            f"symbolic ({failures[-1]})"
-        )
+        note = "fixed on request: " + ", ".join(f"{name}={size}" for name, size in fixed.items())
     dynamic = any(isinstance(d, str) for _, _, shape in specs for d in shape[:1])
     return Converted(path, to, dynamic, specs, time.perf_counter() - start, note)
+
+
+def _symbolic(specs: list[tuple[str, str, tuple]]) -> bool:
+    return any(isinstance(d, str) for _, _, shape in specs for d in shape)
+
+
+def _fixed(specs: list[tuple[str, str, tuple]], fixed: dict[str, int]) -> list[tuple[str, str, tuple]]:
+    """``specs`` with the symbolic dimensions named in ``fixed`` at the sizes given."""
+    names = {d for _, _, shape in specs for d in shape if isinstance(d, str)}
+    unknown = sorted(set(fixed) - names)
+    wrong = {name: size for name, size in fixed.items() if not isinstance(size, int) or size < 1}
+    if unknown or wrong:
+        raise ConversionError(
+            message(
+                "fixed= names symbolic dimensions of the model's inputs, each with a size >= 1",
+                received=f"unknown {unknown}" if unknown else f"sizes {wrong}",
+                choices=sorted(names),
+            )
+        )
+    return [
+        (name, dtype, tuple(fixed.get(d, d) if isinstance(d, str) else d for d in shape))
+        for name, dtype, shape in specs
+    ]
+
+
+def _cannot_keep(to: str, specs: list[tuple[str, str, tuple]], error: BaseException) -> ConversionError:
+    """The error for a tracer that could not keep the symbolic dimensions: the node it was
+    running (the interpreter notes it on the error), the dimensions, and the two ways on."""
+    names = list(dict.fromkeys(d for _, _, shape in specs for d in shape if isinstance(d, str)))
+    node = next((n for n in getattr(error, "__notes__", ()) if n.startswith("while running")), "")
+    text = str(error).strip().splitlines()
+    cause = f"{type(error).__name__}: {text[0][:300]}" if text else type(error).__name__
+    likely = [name for name in names if name != "batch"] or names  # a batch is rarely what a node needs
+    sizes = ", ".join(f"{name!r}: <size>" for name in likely)
+    return ConversionError(
+        message(
+            f"The {to} tracer cannot keep the symbolic dimensions {names} of this model"
+            + (f" ({node})" if node else ""),
+            received=cause,
+            fix=f"fix the dimension that node needs at a size: convert_model(..., fixed={{{sizes}}}) "
+            f"(xdevice convert --fixed {likely[0]}=<size>), or convert to another framework",
+        )
+    )
 
 
 def _input_specs(imported: ImportedModel) -> list[tuple[str, str, tuple]]:
@@ -117,27 +150,6 @@ def _input_specs(imported: ImportedModel) -> list[tuple[str, str, tuple]]:
         )
         specs.append((name, onnx_dtype(kind.elem_type), shape))
     return specs
-
-
-def _free(specs: list[tuple[str, str, tuple]], which: str) -> list[tuple[str, str, tuple]]:
-    """``specs`` with the symbolic dims kept (``"all"``), only the batch (``"batch"``: axis 0)
-    or none (``"none"``); a fixed dim is its example size."""
-    sizes = _sizes(specs)
-    kept = []
-    for name, dtype, shape in specs:
-        kept.append(
-            (
-                name,
-                dtype,
-                tuple(
-                    d
-                    if isinstance(d, str) and (which == "all" or (which == "batch" and axis == 0))
-                    else (sizes[d] if isinstance(d, str) else d)
-                    for axis, d in enumerate(shape)
-                ),
-            )
-        )
-    return kept
 
 
 def _sizes(specs: list[tuple[str, str, tuple]]) -> dict[str, int]:

@@ -117,7 +117,15 @@ def build_parser() -> argparse.ArgumentParser:
     into.add_argument(
         "--to", required=True, choices=registered, type=_backend_name, help="the framework whose format to write"
     )
-    into.add_argument("--output", help="where to write (default: next to the model)")
+    into.add_argument("--output", help="where to write (default: next to the model; the format's suffix added)")
+    into.add_argument(
+        "--fixed",
+        action="append",
+        default=[],
+        metavar="NAME=SIZE",
+        type=_sized_dimension,
+        help="fix a symbolic dimension the framework cannot keep free at a size, e.g. seq=128 (repeatable)",
+    )
     into.set_defaults(run=_convert)
 
     suite = commands.add_parser("conformance", help="run ONNX's node test suite on backends")
@@ -351,6 +359,13 @@ def _named_axis(text: str) -> tuple[int, str]:
     return int(axis), name
 
 
+def _sized_dimension(text: str) -> tuple[str, int]:
+    name, _, size = text.partition("=")
+    if not name.isidentifier() or not size.strip().isdigit():
+        raise argparse.ArgumentTypeError(f"expected NAME=SIZE such as seq=128, got {text!r}")
+    return name, int(size)
+
+
 def _precision(text: str) -> str:
     names = {
         "float32": "float32",
@@ -410,7 +425,7 @@ def _convert(args: argparse.Namespace) -> int:
     from xdevice.converters.formats import convert_model
 
     step(f"converting {args.model} to {args.to}'s own format")
-    result = convert_model(args.model, args.to, args.output)
+    result = convert_model(args.model, args.to, args.output, fixed=dict(args.fixed))
     batch = "dynamic batch" if result.dynamic_batch else "fixed batch"
     print(f"wrote {result.path} ({args.to}, {batch}, {result.seconds:.1f} s)")
     for name, dtype, shape in result.inputs:

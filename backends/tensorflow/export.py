@@ -89,7 +89,7 @@ class Export:
             for (name, dtype, shape), x in zip(specs, examples)
         ]
 
-        @tf.function(input_signature=signature)
+        @tf.function(input_signature=signature, autograph=False)  # tf ops only; errors reach us unwrapped
         def serve(*inputs):
             with tf.control_dependencies(_same_sizes(specs, inputs)):
                 outputs = imported.apply(dict(module.weights), *(tf.identity(x) for x in inputs))

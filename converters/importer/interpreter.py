@@ -393,6 +393,10 @@ def _run_node(
             target = copy.copy(target)
             target.values = values
         out = found.fn(target, node, *args)
+    except Exception as error:
+        if not any(note.startswith("while running") for note in getattr(error, "__notes__", ())):
+            error.add_note(f"while running the {node.op} node {node.name!r}")  # the innermost node
+        raise
     finally:
         target.node = previous
     if fold:  # keep folded results static (numpy), whatever the numpy backend returned

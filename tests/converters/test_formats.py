@@ -198,3 +198,108 @@ def test_a_recurrence_over_a_symbolic_sequence_saves_with_the_sequence_free(fram
         got = load_and_run(framework, converted.path, [x])
         want = [np.asarray(v) for v in reference(x)]
         assert [g.shape for g in got] == [w.shape for w in want] and all(compare(g, w).ok for g, w in zip(got, want))
+
+
+def _loop_over_the_sequence():
+    """x[batch, seq] plus a row 0, 1, ..., seq - 1 that an ONNX Loop stacks while a counter is
+    below the sequence length: a number of iterations known only at run time, which JAX
+    (and TensorFlow, without a trip count) cannot give a scan output."""
+    from onnx import TensorProto, checker, helper
+
+    body = helper.make_graph(
+        [
+            helper.make_node("Add", ["i", "one"], ["next"]),
+            helper.make_node("Less", ["next", "n"], ["again"]),
+            helper.make_node("Cast", ["i"], ["step"], to=TensorProto.FLOAT),
+        ],
+        "body",
+        [
+            helper.make_tensor_value_info("i", TensorProto.INT64, []),
+            helper.make_tensor_value_info("c", TensorProto.BOOL, []),
+        ],
+        [
+            helper.make_tensor_value_info("again", TensorProto.BOOL, []),
+            helper.make_tensor_value_info("step", TensorProto.FLOAT, []),
+        ],
+    )
+    graph = helper.make_graph(
+        [
+            helper.make_node("Shape", ["x"], ["shape"]),
+            helper.make_node("Gather", ["shape", "one"], ["n"], axis=0),
+            helper.make_node("Loop", ["", "true"], ["steps"], body=body, name="count"),
+            helper.make_node("Unsqueeze", ["steps", "zero"], ["row"]),
+            helper.make_node("Add", ["x", "row"], ["y"]),
+        ],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "seq"])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", "seq"])],
+        [
+            helper.make_tensor("one", TensorProto.INT64, [], [1]),
+            helper.make_tensor("zero", TensorProto.INT64, [1], [0]),
+            helper.make_tensor("true", TensorProto.BOOL, [], [True]),
+        ],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    model.ir_version = 10
+    checker.check_model(model, full_check=True)
+    return model
+
+
+def test_a_dimension_the_tracer_cannot_keep_is_refused_by_node_then_fixed_on_request(tmp_path):
+    """Never frozen behind a note: the refusal names the node and the fix; ``fixed=`` fixes the
+    dimension at the size asked for, and the batch stays free."""
+    if "jax" not in xdevice.backends():
+        pytest.skip("jax is not installed")
+    from tests.realworld.test_realworld import load_and_run
+
+    model = _loop_over_the_sequence()
+    with pytest.raises(ConversionError, match=r"cannot keep the symbolic dimensions .*Loop node 'count'") as refused:
+        convert_model(model, to="jax", output=tmp_path / "free.jax")
+    assert "fixed={'seq': <size>}" in str(refused.value)
+    converted = convert_model(model, to="jax", output=tmp_path / "fixed.jax", fixed={"seq": 5})
+    assert converted.inputs == [("x", "float32", ("batch", 5))] and converted.note == "fixed on request: seq=5"
+    for batch in (2, 4):
+        x = np.random.default_rng(batch).normal(size=(batch, 5)).astype(np.float32)
+        (got,) = load_and_run("jax", converted.path, [x])
+        np.testing.assert_allclose(got, x + np.arange(5, dtype=np.float32))
+    with pytest.raises(ConversionError, match=r"fixed= names symbolic dimensions.*length.*choices: batch, seq"):
+        convert_model(model, to="jax", output=tmp_path / "wrong.jax", fixed={"length": 5})
+
+
+def test_position_ids_from_the_input_shape_stay_symbolic_in_a_savedmodel(tmp_path):
+    """``torch.arange(ids.shape[1])`` (every transformer's position ids), exported with a free
+    ``seq``: the SavedModel runs at other lengths and matches torch."""
+    if not {"torch", "tensorflow"} <= set(xdevice.backends()):
+        pytest.skip("needs torch and tensorflow")
+    import torch
+
+    from tests.realworld.test_realworld import load_and_run
+
+    class Positions(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.tokens, self.positions = torch.nn.Embedding(10, 4), torch.nn.Embedding(16, 4)
+
+        def forward(self, ids):
+            return self.tokens(ids) + self.positions(torch.arange(ids.shape[1]))[None]
+
+    torch.manual_seed(0)
+    net = Positions().eval()
+    ids = np.array([[1, 2, 3], [4, 5, 6]], np.int64)
+    onnx_path = export(net, tmp_path / "positions.onnx", example_inputs=ids, dynamic_axes={1: "seq"}).path
+    converted = convert_model(onnx_path, to="tensorflow")
+    assert converted.inputs == [("input", "int64", ("batch", "seq"))] and converted.note == ""
+    for length in (3, 7):
+        x = np.arange(2 * length, dtype=np.int64).reshape(2, length) % 10
+        (got,) = load_and_run("tensorflow", converted.path, [x])
+        np.testing.assert_allclose(got, net(torch.as_tensor(x)).detach().numpy(), rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("framework", ["torch", "jax"])
+def test_an_output_path_without_the_formats_suffix_gets_it_and_no_warning(framework, cnn_onnx, tmp_path):
+    if framework not in xdevice.backends():
+        pytest.skip(f"{framework} is not installed")
+    suffix = FORMATS[framework]
+    converted = convert_model(cnn_onnx, to=framework, output=tmp_path / "cnn")  # filterwarnings = error
+    assert converted.path == tmp_path / f"cnn{suffix}" and converted.path.exists()
+    assert convert_model(cnn_onnx, to=framework, output=tmp_path / "cnn.v2").path == tmp_path / f"cnn.v2{suffix}"

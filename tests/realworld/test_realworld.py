@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import xdevice
-from xdevice import compare
+from xdevice import ConversionError, compare
 from xdevice.backends._model_io import Inputs, call_with, flat_outputs
 
 from .cases import CASES, SMOKE
@@ -413,10 +413,14 @@ def test_a_keras_recurrent_model_with_a_free_sequence_converts_to_every_saved_fo
         assert result.inputs[0].shape == ("batch", "seq") and len(result.verification) == 2
         _recurrent["model"] = result.model
     proto = _recurrent["model"]
-    converted = convert_model(proto, to=framework, output=tmp_path / f"rnn{xdevice.backend(framework).saved_format}")
+    output = tmp_path / f"rnn{xdevice.backend(framework).saved_format}"
     free = framework != "jax"
+    if not free:  # refused by node, then fixed at the size asked for
+        with pytest.raises(ConversionError, match=r"Loop node .*scan outputs.*fixed=\{'seq': <size>\}"):
+            convert_model(proto, to=framework, output=output)
+    converted = convert_model(proto, to=framework, output=output, fixed=None if free else {"seq": 3})
     assert converted.inputs[0][2] == (("batch", "seq") if free else ("batch", 3))
-    assert converted.note == "" if free else "Loop node" in converted.note and "scan outputs" in converted.note
+    assert converted.note == ("" if free else "fixed on request: seq=3")
     reference = _onnxruntime_session(proto)
     for shape in [(2, 12), (5, 19)] if free else [(2, 3), (6, 3)]:
         tokens = np.random.default_rng(shape[1]).integers(0, 50, size=shape).astype(np.int32)
