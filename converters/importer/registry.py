@@ -37,6 +37,10 @@ HANDLER_MODULES = (
     "sequence",
     "control",
     "quantize",
+    "signal",
+    "detection",
+    "ml",
+    "training_ops",
 )
 
 _registry: dict[tuple[str, str], list[Handler]] = {}

@@ -1,0 +1,3 @@
+"""Signal processing: DFT, STFT, the window functions and MelWeightMatrix."""
+
+from __future__ import annotations
