@@ -394,8 +394,10 @@ def _run_node(
             target.values = values
         out = found.fn(target, node, *args)
     except Exception as error:
-        if not any(note.startswith("while running") for note in getattr(error, "__notes__", ())):
-            error.add_note(f"while running the {node.op} node {node.name!r}")  # the innermost node
+        notes = getattr(error, "__notes__", None)
+        if not any(note.startswith("while running") for note in notes or ()):  # the innermost node's
+            # what Python 3.11's error.add_note does, also on 3.10 (where tracebacks do not print it)
+            error.__notes__ = [*(notes or ()), f"while running the {node.op} node {node.name!r}"]  # type: ignore[attr-defined]  # 3.10 stubs lack it
         raise
     finally:
         target.node = previous
