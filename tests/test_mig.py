@@ -117,3 +117,45 @@ def test_the_launcher_gives_each_worker_its_gpu_by_uuid(mig_machine, monkeypatch
 
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", ",".join(SLICES))
     assert agent._visible_gpus() == SLICES
+
+
+#: nvidia-smi on the same card, for a machine without nvidia-ml-py (made-up answers)
+SMI_QUERY = f"{CARD}, NVIDIA H100 80GB HBM3, 81559, 81000, 9.0\n"
+SMI_LIST = (
+    f"GPU 0: NVIDIA H100 80GB HBM3 (UUID: {CARD})\n"
+    f"  MIG 1g.10gb     Device  0: (UUID: {SLICES[0]})\n"
+    f"  MIG 2g.20gb     Device  1: (UUID: {SLICES[1]})\n"
+)
+
+
+@pytest.fixture
+def smi_only_machine(monkeypatch):
+    """No pynvml (importing it fails); nvidia-smi answers for the card in MIG mode."""
+    monkeypatch.setitem(sys.modules, "pynvml", None)
+    monkeypatch.setattr(_discovery, "_run_smi", lambda *args: SMI_LIST if args == ("-L",) else SMI_QUERY)
+    monkeypatch.setattr(_discovery, "_driver_uuids", lambda: None)
+    monkeypatch.setenv("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
+
+
+def test_without_nvml_nvidia_smi_lists_each_mig_slice_after_the_whole_gpus(smi_only_machine):
+    listed = [(uuid, facts["name"], facts["memory_total"]) for uuid, facts in _discovery.nvml_physical_gpus()]
+    assert listed == [
+        (CARD, "NVIDIA H100 80GB HBM3", 81559 * 2**20),
+        (SLICES[0], "NVIDIA H100 80GB HBM3 MIG 1g.10gb", 10 * 10**9),
+        (SLICES[1], "NVIDIA H100 80GB HBM3 MIG 2g.20gb", 20 * 10**9),
+    ]
+
+
+def test_without_nvml_a_mig_uuid_in_cuda_visible_devices_is_a_visible_gpu_with_the_slices_memory(
+    smi_only_machine, monkeypatch
+):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", SLICES[0])
+    (gpu,) = _discovery.nvml_gpus()
+    assert (str(gpu), gpu.memory_total, gpu.compute_capability) == ("gpu:0", 10 * 10**9, (9, 0))
+
+
+def test_a_slice_line_without_its_cards_line_is_not_listed():
+    cards = _discovery.smi_gpus(SMI_QUERY)
+    orphan = f"  MIG 1g.10gb     Device  0: (UUID: {SLICES[0]})\n"
+    assert _discovery.smi_mig_slices(orphan, cards) == []
+    assert _discovery.smi_mig_slices(SMI_LIST, []) == []

@@ -30,7 +30,7 @@ from xdevice._placement import DeviceFallbackWarning, Placement, current_device,
 from xdevice._processes import join_processes
 from xdevice._registry import backend
 from xdevice._seed import seed
-from xdevice._tensors import backend_of, convert, device_of, to_device
+from xdevice._tensors import HostCopyWarning, backend_of, convert, device_of, to_device
 from xdevice._tolerance import Comparison, compare
 from xdevice._types import Applied, Config, ConfigReport, MemoryStats
 
@@ -49,6 +49,7 @@ __all__ = [
     "ConversionError",
     "Device",
     "DeviceFallbackWarning",
+    "HostCopyWarning",
     "DeviceNotFound",
     "InferenceError",
     "InputError",

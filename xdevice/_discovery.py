@@ -32,6 +32,7 @@ import contextlib
 import functools
 import os
 import platform
+import re
 import threading
 import warnings
 from typing import Any
@@ -384,7 +385,7 @@ def nvml_physical_gpus() -> list[tuple[str, dict[str, Any]]]:
 
     From NVML (``nvidia-ml-py``); without that package, from ``nvidia-smi``, which reads the
     same library (a GPU machine whose Python has CUDA frameworks but not the ``nvml`` extra
-    still has a driver with it; that path lists no MIG slices).
+    still has a driver with it; there a slice's memory is its profile's nominal size).
     """
     try:
         import pynvml
@@ -450,23 +451,65 @@ _SMI_FIELDS = "uuid,name,memory.total,memory.free,compute_cap"
 
 
 def _smi_physical_gpus() -> list[tuple[str, dict[str, Any]]]:
-    """What :func:`nvml_physical_gpus` reads, from ``nvidia-smi`` (PCI-bus order, as NVML)."""
+    """What :func:`nvml_physical_gpus` reads, from ``nvidia-smi`` (PCI-bus order, as NVML): the
+    whole GPUs from its query interface, then the MIG slices ``nvidia-smi -L`` lists under them
+    (the query interface has no row for a slice)."""
+    cards = smi_gpus(_run_smi(f"--query-gpu={_SMI_FIELDS}", "--format=csv,noheader,nounits"))
+    return cards + smi_mig_slices(_run_smi("-L"), cards) if cards else []
+
+
+def _run_smi(*arguments: str) -> str:
+    """``nvidia-smi``'s output for ``arguments``; empty where it is missing, fails or hangs."""
     import shutil
     import subprocess
 
     smi = shutil.which("nvidia-smi")
     if smi is None:
-        return []
+        return ""
     try:
-        done = subprocess.run(
-            [smi, f"--query-gpu={_SMI_FIELDS}", "--format=csv,noheader,nounits"],
-            capture_output=True,
-            text=True,
-            timeout=30,
-        )
+        done = subprocess.run([smi, *arguments], capture_output=True, text=True, timeout=30)
     except (OSError, subprocess.SubprocessError):
-        return []
-    return smi_gpus(done.stdout) if done.returncode == 0 else []
+        return ""
+    return done.stdout if done.returncode == 0 else ""
+
+
+_SMI_CARD = re.compile(r"^GPU \d+: .*\(UUID: (GPU-[^)\s]+)\)")
+_SMI_SLICE = re.compile(r"^\s+MIG (\S+)\s+Device\s+\d+: \(UUID: (MIG-[^)\s]+)\)")
+
+
+def smi_mig_slices(listing: str, cards: list[tuple[str, dict[str, Any]]]) -> list[tuple[str, dict[str, Any]]]:
+    """``(uuid, facts)`` for each MIG slice in ``nvidia-smi -L`` output (``  MIG 1g.10gb  Device  0:
+    (UUID: MIG-...)`` under its GPU's line), with its card's facts from ``cards``
+    (:func:`smi_gpus`), named ``<card> MIG <profile>``. Its memory is the profile's nominal size
+    (``1g.10gb``: 10 GB, 10**9 bytes each, which a slice always has; nvidia-smi reports no
+    per-slice memory in a form to read), its free memory unknown.
+
+    >>> cards = smi_gpus("GPU-a, NVIDIA H100 80GB HBM3, 81559, 81000, 9.0")
+    >>> listing = "GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-a)\\n  MIG 1g.10gb  Device  0: (UUID: MIG-b)"
+    >>> [(uuid, facts["name"], facts["memory_total"]) for uuid, facts in smi_mig_slices(listing, cards)]
+    [('MIG-b', 'NVIDIA H100 80GB HBM3 MIG 1g.10gb', 10000000000)]
+    """
+    facts_of = dict(cards)
+    found: list[tuple[str, dict[str, Any]]] = []
+    card: dict[str, Any] | None = None
+    for line in listing.splitlines():
+        if whole := _SMI_CARD.match(line):
+            card = facts_of.get(whole.group(1))
+        elif (part := _SMI_SLICE.match(line)) and card is not None:
+            profile, uuid = part.groups()
+            size = re.search(r"(\d+)gb", profile)
+            found.append(
+                (
+                    uuid,
+                    dict(
+                        card,
+                        name=f"{card['name']} MIG {profile}",
+                        memory_total=int(size.group(1)) * 10**9 if size else None,
+                        memory_free=None,
+                    ),
+                )
+            )
+    return found
 
 
 def smi_gpus(table: str) -> list[tuple[str, dict[str, Any]]]:

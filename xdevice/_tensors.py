@@ -4,13 +4,24 @@ Conversion goes through DLPack, so on one device it shares memory where both fra
 allow it. When a DLPack exchange is refused (an unsupported dtype, say), the array goes
 through a host copy instead, and ``copy=False`` turns that into an error.
 
+On a GPU, DLPack's stream handshake orders the consumer after the producer: a consumer
+names the stream it will read on (``__dlpack__(stream=...)``) and the producer makes that
+stream wait for its own work. TensorFlow takes no stream either way, and torch exports only
+from its current GPU, so a backend that needs more than the plain protocol exports through
+its ``dlpack_export(x, stream, max_version)`` hook (:class:`_Handoff`): torch enters the
+tensor's device and, for a consumer that names no stream (TensorFlow), finishes its current
+stream first; TensorFlow finishes its GPU work and drops the stream; JAX passes the stream,
+or waits for the array when there is none. A GPU array that still has to go through the host
+is copied with a :class:`HostCopyWarning` saying why, never silently.
+
 Does not import any framework: an array can only belong to a framework that is already
 imported (``sys.modules``), so only those are asked (``_registry.owner``, cached by type).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+import warnings
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from xdevice import _registry
 from xdevice._device import Device
@@ -20,7 +31,13 @@ from xdevice._errors import ConversionError, message
 if TYPE_CHECKING:
     from xdevice.backends.base import Backend
 
-__all__ = ["backend_of", "device_of", "to_device", "convert"]
+__all__ = ["backend_of", "device_of", "to_device", "convert", "HostCopyWarning"]
+
+
+class HostCopyWarning(UserWarning):
+    """``convert`` copied an array that is on a GPU through the host, because the two
+    frameworks could not share it there; the message says why. ``copy=False`` makes it an
+    error instead."""
 
 
 def backend_of(x: Any) -> str:
@@ -99,7 +116,7 @@ def convert(x: Any, to: str, *, device: Any = None, copy: bool | None = None) ->
         refused = _unshareable(source, target, x)
         if refused is None:
             try:
-                result = target.from_dlpack(x)
+                result = target.from_dlpack(_handoff(source, x))
             except (TypeError, ValueError, RuntimeError, BufferError) as error:
                 refused = f"{type(error).__name__}: {error}"
         if refused is not None:
@@ -111,6 +128,9 @@ def convert(x: Any, to: str, *, device: Any = None, copy: bool | None = None) ->
                         fix="pass copy=None to allow a host copy",
                     )
                 )
+            notice = _copy_notice(source.title, target, source.device_of(x), refused)
+            if notice is not None:
+                warnings.warn(notice, HostCopyWarning, stacklevel=2)
             result = target.from_dlpack(_host_copy(source.to_numpy(x), target.dlpack_alignment))
             result = target.to_device(result, source.device_of(x))
         if copy is False and target.data_pointer(result) != source.data_pointer(x):
@@ -125,6 +145,64 @@ def convert(x: Any, to: str, *, device: Any = None, copy: bool | None = None) ->
     if device is not None:
         result = target.to_device(result, find(device, backend=to))
     return result
+
+
+@runtime_checkable
+class _Exporter(Protocol):
+    """A backend whose arrays need more than the plain ``__dlpack__`` to leave a GPU safely."""
+
+    def dlpack_export(self, x: Any, stream: int | None, max_version: tuple[int, int] | None) -> Any: ...
+
+
+class _Handoff:
+    """``x`` as a DLPack producer whose ``__dlpack__`` goes through its backend's
+    ``dlpack_export``: the consumer's stream request (or its absence) reaches the code that
+    knows how to honour it for this framework."""
+
+    def __init__(self, x: Any, exporter: _Exporter):
+        self._x, self._exporter = x, exporter
+
+    def __dlpack_device__(self) -> tuple[int, int]:
+        return tuple(self._x.__dlpack_device__())  # (DLDeviceType, index)
+
+    def __dlpack__(
+        self,
+        *,
+        stream: int | None = None,
+        max_version: tuple[int, int] | None = None,
+        dl_device: Any = None,
+        copy: bool | None = None,
+    ) -> Any:
+        if copy:  # a consumer asking for a copy gets none from here: refuse as the protocol says
+            raise BufferError("this hand-off shares memory; it does not copy")
+        return self._exporter.dlpack_export(self._x, stream, max_version)
+
+
+def _handoff(source: Backend, x: Any) -> Any:
+    """What ``convert`` hands the consumer for ``x``: on a GPU, ``x`` through its backend's
+    export hook (the stream handshake); elsewhere, or for a backend without one, ``x``."""
+    if source.device_of(x).kind == "gpu" and isinstance(source, _Exporter):
+        return _Handoff(x, source)
+    return x
+
+
+def _copy_notice(source: str, target: Any, held_on: Device, refused: str) -> str | None:
+    """The warning ``convert`` gives when it copies an array through the host (None: it says
+    nothing). Only a copy off a GPU is stated: a consumer that cannot use a GPU at all
+    (numpy) is a host copy by request, and a CPU array copied for alignment costs a memcpy.
+
+    >>> class Torch: title, supports_gpu = "PyTorch", True
+    >>> print(_copy_notice("TensorFlow", Torch, Device("gpu", 0), "the data is strided"))
+    TensorFlow -> PyTorch on gpu:0 copied the array through the host: the data is strided. Pass ...
+    >>> _copy_notice("TensorFlow", Torch, Device("cpu", 0), "the data is strided") is None
+    True
+    """
+    if held_on.kind != "gpu" or not target.supports_gpu:
+        return None
+    return (
+        f"{source} -> {target.title} on {held_on} copied the array through the host: {refused}. "
+        "Pass copy=False to make this an error."
+    )
 
 
 def _unshareable(source: Any, target: Any, x: Any) -> str | None:

@@ -58,6 +58,13 @@ class Placement:
             return jnp.asarray(x)
         return jnp.from_dlpack(x)
 
+    def dlpack_export(self, x: Any, stream: int | None, max_version: tuple[int, int] | None) -> Any:
+        """``x``'s DLPack capsule for a consumer that reads on ``stream``: JAX makes that
+        stream wait for the array; a consumer with no stream (TensorFlow) gets it once ready."""
+        if stream is None:
+            x.block_until_ready()
+        return x.__dlpack__(stream=stream, max_version=max_version)
+
     def data_pointer(self, x: Any) -> int:
         return int(x.unsafe_buffer_pointer())
 

@@ -47,6 +47,15 @@ class Placement:
             return tf.convert_to_tensor(x)
         return tf.experimental.dlpack.from_dlpack(x.__dlpack__())
 
+    def dlpack_export(self, x: Any, stream: int | None, max_version: tuple[int, int] | None) -> Any:
+        """``x``'s DLPack capsule for any consumer. TensorFlow refuses a consumer's stream
+        (``__dlpack__(stream=...)`` raises, so torch's ``from_dlpack`` fails on it) and has
+        no stream to offer, so on a GPU its queued work is finished first and the stream is
+        dropped: the consumer then reads a buffer that is complete."""
+        if self.device_of(x).kind == "gpu":
+            tf.test.experimental.sync_devices()
+        return x.__dlpack__()
+
     def data_pointer(self, x: Any) -> int:
         return dlpack_data_pointer(tf.experimental.dlpack.to_dlpack(x))
 

@@ -11,7 +11,7 @@ import torch
 from xdevice._device import Device
 from xdevice.backends._dtypes import is_numpy_bfloat16, ml_dtype
 
-__all__ = ["Placement", "host_array"]
+__all__ = ["Placement", "host_array", "through_pinned_memory"]
 
 
 class Placement:
@@ -29,7 +29,12 @@ class Placement:
         return self.device_from_native(x.device)
 
     def to_device(self, x: Any, device: Device) -> Any:
-        return x.to(self.native_device(device))
+        target = self.native_device(device)
+        if through_pinned_memory(x.device.type, target.type):
+            # a pageable host tensor is staged by the driver, synchronously; a pinned one is
+            # copied by DMA on the stream, so a prefetched batch overlaps the running step
+            return x.pin_memory().to(target, non_blocking=True)
+        return x.to(target)
 
     def default_device(self, device: Device) -> contextlib.AbstractContextManager[Any]:
         return self.native_device(device)  # a torch.device is itself a (thread-local) context
@@ -38,6 +43,19 @@ class Placement:
         if is_numpy_bfloat16(x):  # numpy cannot export bfloat16 through DLPack
             return torch.from_dlpack(x.view("int16")).view(torch.bfloat16)
         return torch.from_dlpack(x)
+
+    def dlpack_export(self, x: Any, stream: int | None, max_version: tuple[int, int] | None) -> Any:
+        """``x``'s DLPack capsule for a consumer that reads on ``stream`` (None: one that
+        cannot name its stream, like TensorFlow). Torch exports only from its current GPU,
+        so the tensor's own device is entered; a consumer with no stream gets the tensor
+        once torch's current stream has finished writing it (a side stream included)."""
+        if x.device.type != "cuda":
+            return x.__dlpack__(max_version=max_version)
+        with torch.cuda.device(x.device):
+            if stream is None:
+                torch.cuda.current_stream().synchronize()
+                stream = -1  # done above: no cross-stream wait left to ask for
+            return x.__dlpack__(stream=stream, max_version=max_version)
 
     def data_pointer(self, x: Any) -> int:
         return int(x.data_ptr())
@@ -53,6 +71,16 @@ class Placement:
 
     def dense(self, x: Any) -> Any:
         return x.contiguous()
+
+
+def through_pinned_memory(source: str, target: str) -> bool:
+    """Whether a tensor on torch device type ``source`` goes to ``target`` through pinned
+    (page-locked) host memory and a non-blocking copy: host to CUDA only. Pure.
+
+    >>> through_pinned_memory("cpu", "cuda"), through_pinned_memory("cpu", "meta")
+    (True, False)
+    """
+    return source == "cpu" and target == "cuda"
 
 
 def host_array(x: torch.Tensor, copy: bool = False) -> Any:

@@ -137,3 +137,21 @@ def test_a_torch_gpu_rank_reduces_over_nccl_bound_to_its_gpu_and_its_cpu_tensors
     assert result.returncode == 0, result.stderr[-3000:]
     backend, bound, gpu_sum, cpu_sum = json.loads(result.stdout.splitlines()[-1])
     assert "nccl" in backend and "gloo" in backend and bound == "cuda:0" and gpu_sum == cpu_sum == 4.0
+
+
+def test_a_torch_host_batch_reaches_the_gpu_by_a_pinned_copy(gpu_device):
+    """The trainer's placing (``to_device``) copies from page-locked memory, which DMA reads
+    while the step runs; a pageable copy shows in the profiler as ``Pageable -> Device``."""
+    needs("torch")
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    engine = xdevice.backend("torch")
+    batch = torch.arange(1 << 20, dtype=torch.float32)
+    with profile(activities=[ProfilerActivity.CUDA]) as trace:
+        placed = engine.to_device(batch, gpu_device)
+        torch.cuda.synchronize()
+    copies = [e.name for e in trace.events() if "Memcpy HtoD" in e.name]
+    assert copies and all("Pinned" in name for name in copies), copies
+    assert placed.device.type == "cuda" and int(placed[-1]) == (1 << 20) - 1
+    assert not batch.is_pinned()  # the caller's tensor is left as it was

@@ -5,9 +5,11 @@ computes.
 Shuffling is a function of ``(seed, epoch)`` only, so a resumed run sees the same batches.
 The prefetcher is a background thread feeding a bounded queue; it counts the time the
 training loop spent waiting for input, which is what ``History`` reports as
-``input_wait`` (a fraction of the epoch's time). It steps aside where it cannot help: batches
-cut from arrays in memory that are quicker to place than a step is to run (see
-:class:`Prefetcher`).
+``input_wait`` (a fraction of the epoch's time). Placing is the backend's ``to_device``:
+PyTorch copies a host batch bound for a CUDA device through pinned memory, without blocking
+(``backends/torch/placement.py``), so the copy overlaps the step that is running. It steps
+aside where it cannot help: batches cut from arrays in memory that are quicker to place
+than a step is to run (see :class:`Prefetcher`).
 
 >>> import numpy as np
 >>> data = Batches(np.arange(10), np.arange(10), batch_size=4, seed=0)

@@ -299,7 +299,7 @@ class Trainer:
     def _stepped(self, metrics: dict[str, Any], rows: int) -> tuple[float, dict[str, float], int]:
         self.program.write_back()
         self.step_count += 1
-        values = {k: self._float(v) for k, v in metrics.items()}
+        values = self._floats(metrics)
         return values.pop("loss"), values, rows
 
     def _argument(self, number: float) -> Any:
@@ -632,6 +632,22 @@ class Trainer:
 
     def _float(self, value: Any) -> float:
         return float(self.ops.to_numpy(value))
+
+    def _floats(self, values: dict[str, Any]) -> dict[str, float]:
+        """``values`` (a step's loss and metrics) as Python floats in one host transfer per
+        dtype, not one per value: each transfer waits for the device to finish the step."""
+        arrays = {k: v for k, v in values.items() if not isinstance(v, (int, float))}
+        scalars = all(tuple(self.ops.shape(v)) == () for v in arrays.values())
+        if len(arrays) < 2 or not scalars:
+            return {k: self._float(v) for k, v in values.items()}
+        by_dtype: dict[str, list[str]] = {}
+        for name, value in arrays.items():
+            by_dtype.setdefault(str(self.ops.dtype(value)), []).append(name)
+        found = {k: float(v) for k, v in values.items() if k not in arrays}
+        for names in by_dtype.values():
+            host = self.ops.to_numpy(self.ops.stack([arrays[k] for k in names]))
+            found.update(zip(names, (float(v) for v in host)))
+        return {k: found[k] for k in values}
 
 
 def _rules(model: Any, loss: str | None, trained: Any) -> Rules:
