@@ -196,6 +196,12 @@ def build_parser() -> argparse.ArgumentParser:
         default=10.0,
         help="seconds a client has to send its request headers (default 10)",
     )
+    server.add_argument(
+        "--shutdown-timeout",
+        type=float,
+        default=10.0,
+        help="on SIGTERM/SIGINT, seconds the requests in flight get to finish before the server exits (default 10)",
+    )
     server.set_defaults(run=_serve)
 
     sizing = commands.add_parser(
@@ -477,28 +483,34 @@ def _conformance(args: argparse.Namespace) -> int:
 
 
 def _serve(args: argparse.Namespace) -> int:
+    """Serve until SIGTERM/SIGINT (exit 0 once drained); a port in use: one line, exit 2."""
     import logging
 
-    from xdevice.serving.server import serve
+    from xdevice.serving.server import PortTaken, serve
 
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if args.memory_limit is not None:
         import xdevice
 
         xdevice.configure(memory_limit=args.memory_limit)  # ORT sessions read it (gpu_mem_limit)
-    serve(
-        args.repository,
-        device=args.device,
-        host=args.host,
-        port=args.port,
-        grpc_port=args.grpc_port,
-        threads=args.threads,
-        exit_on_error=args.exit_on_error,
-        strict_readiness=args.strict_readiness,
-        access_log=args.access_log,
-        header_timeout=args.header_timeout,
-        log_level=args.log_level,
-    )
+    try:
+        serve(
+            args.repository,
+            device=args.device,
+            host=args.host,
+            port=args.port,
+            grpc_port=args.grpc_port,
+            threads=args.threads,
+            exit_on_error=args.exit_on_error,
+            strict_readiness=args.strict_readiness,
+            access_log=args.access_log,
+            header_timeout=args.header_timeout,
+            log_level=args.log_level,
+            shutdown_timeout=args.shutdown_timeout,
+        )
+    except PortTaken as taken:
+        print(f"xdevice serve: {taken}", file=sys.stderr)
+        return 2
     return 0
 
 

@@ -45,7 +45,7 @@ LAYOUTS = {
         "",
         "mlp: Model 'mlp' has no version to serve: found {r}/mlp/model.onnx outside a version folder. "
         "Expected {r}/mlp/<version>/model.onnx (Triton's layout; the version a whole number). "
-        "Fix: move it to {r}/mlp/1/model.onnx.",
+        "Fix: move it to {r}/mlp/1/model.onnx, or serve the file itself: xdevice serve {r}/mlp/model.onnx.",
     ),
     "1/digits.onnx instead of 1/model.onnx": (
         ["digits/1/digits.onnx"],
@@ -69,7 +69,8 @@ LAYOUTS = {
         ["mlp/"],
         "",
         "{r}/mlp holds no version folder. Expected {r}/mlp/<version>/model.onnx (Triton's layout; the version "
-        "a whole number). Fix: export the model to {r}/mlp/1/model.onnx.",
+        "a whole number). Fix: export the model to {r}/mlp/1/model.onnx, or serve one .onnx file by itself "
+        "(xdevice serve <file>.onnx: a one-model repository).",
     ),
     "serve pointed at a model folder": (
         ["mlp/1/model.onnx"],

@@ -73,7 +73,8 @@ def test_index_lists_every_model_and_version_folder(tmp_path):
             "state": "UNAVAILABLE",
             "reason": f"Model 'empty' has no version to serve: {tmp_path / 'empty'} holds no version folder. "
             f"Expected {tmp_path / 'empty'}/<version>/model.onnx (Triton's layout; the version a whole number). "
-            f"Fix: export the model to {tmp_path / 'empty' / '1' / 'model.onnx'}.",
+            f"Fix: export the model to {tmp_path / 'empty' / '1' / 'model.onnx'}, or serve one .onnx file by "
+            "itself (xdevice serve <file>.onnx: a one-model repository).",
         },
     ]
 

@@ -35,7 +35,7 @@ from typing import Any
 
 from xdevice._errors import ConfigurationError, message
 
-__all__ = ["ModelConfig", "TensorConfig", "Warmup", "read_config", "TRITON_TYPES"]
+__all__ = ["ModelConfig", "TensorConfig", "Warmup", "parse_config", "read_config", "TRITON_TYPES"]
 
 #: Triton's TYPE_* -> numpy dtype name ("string" for TYPE_STRING)
 TRITON_TYPES = {
@@ -137,19 +137,32 @@ def read_config(model_dir: Path | str) -> ModelConfig:
     >>> read_config(Path("repo/resnet")).device  # doctest: +SKIP
     'gpu:1'
     """
+
+    model_dir = Path(model_dir)
+    for source, fmt in ((model_dir / "config.pbtxt", "text"), (model_dir / "config.json", "json")):
+        if source.is_file():
+            return parse_config(source.read_text(encoding="utf-8"), model_dir, str(source), fmt)
+    return ModelConfig(name=model_dir.name)
+
+
+def parse_config(text: str, model_dir: Path | str, source: str, fmt: str = "json") -> ModelConfig:
+    """Triton's ``ModelConfig`` from ``text``, protobuf's text format (``"text"``) or its JSON
+    form (``"json"``: a load request's ``config`` override), for the model in ``model_dir``;
+    ``source`` is what errors name.
+
+    >>> parse_config('{"max_batch_size": 8}', "repo/mlp", "the load request's config").max_batch_size
+    8
+    """
     from google.protobuf import json_format, text_format
     from tritonclient.grpc import model_config_pb2
 
-    model_dir = Path(model_dir)
-    for source, reader in ((model_dir / "config.pbtxt", text_format), (model_dir / "config.json", json_format)):
-        if source.is_file():
-            text, proto = source.read_text(encoding="utf-8"), model_config_pb2.ModelConfig()
-            try:
-                reader.Parse(text, proto)
-            except reader.ParseError as error:
-                raise _parse_error(source, str(error)) from None
-            return _read(proto, model_dir, str(source), text)
-    return ModelConfig(name=model_dir.name)
+    reader: Any = text_format if fmt == "text" else json_format
+    proto = model_config_pb2.ModelConfig()
+    try:
+        reader.Parse(text, proto)
+    except reader.ParseError as error:
+        raise _parse_error(Path(source), str(error)) from None
+    return _read(proto, Path(model_dir), source, text)
 
 
 def _parse_error(source: Path, text: str) -> ConfigurationError:

@@ -2,25 +2,32 @@
 
 The messages and the service are the ones ``tritonclient[grpc]`` ships (``service_pb2``,
 ``service_pb2_grpc``), so an unmodified ``tritonclient.grpc`` client, or KServe's, talks to
-it. It runs on the HTTP server's event loop over the same :class:`~.models.Models`: the same
-models, batcher, checks, statistics and errors. A ``BadRequest``'s HTTP status becomes the
-gRPC code (400 ``INVALID_ARGUMENT``, 404 ``NOT_FOUND``, 408 ``DEADLINE_EXCEEDED``, 413
-``RESOURCE_EXHAUSTED``, 503 ``UNAVAILABLE``); streaming, shared memory, tracing and log
-settings answer ``UNIMPLEMENTED``.
+it. It runs on the HTTP server's event loop, a thin translator over the same
+:class:`~xdevice.serving.dataplane.DataPlane` as HTTP: the same models, batcher, checks,
+statistics, model control and errors (the data plane's table gives each failure its gRPC
+code); streaming, shared memory, tracing and log settings answer ``UNIMPLEMENTED``.
 """
 
 from __future__ import annotations
 
-import concurrent.futures
-import time
+import logging
 from typing import Any
 
 import numpy as np
 
-from xdevice._errors import XDeviceError, message
-from xdevice.serving.models import Models, load_model, model_info, retire, server_info, statistics
-from xdevice.serving.protocol import BadRequest, InferRequest, decode_bytes, encode_bytes
-from xdevice.serving.repository import FROM_V2, V2_DATATYPES, ModelNotFound, triton_config
+from xdevice._errors import message
+from xdevice.serving.dataplane import DataPlane, error_status
+from xdevice.serving.protocol import (
+    BadRequest,
+    InferRequest,
+    encode_bytes,
+    numpy_dtype,
+    tensor_from_bytes,
+    v2_datatype,
+)
+from xdevice.serving.repository import FROM_V2
+
+logger = logging.getLogger("xdevice.serving")
 
 __all__ = ["start_grpc"]
 
@@ -41,72 +48,67 @@ _CONTENTS = {
 }
 
 
-async def start_grpc(
-    models: Models, loader: concurrent.futures.Executor, host: str, port: int, strict: bool, max_message: int
-) -> tuple[Any, int]:
-    """Start the service on ``host:port`` (0: a free port); returns the server and its port."""
+async def start_grpc(plane: DataPlane, host: str, port: int) -> tuple[Any, int]:
+    """Start the service over ``plane`` on ``host:port`` (0: a free port); returns the server
+    and its port. The port is this server's alone (no ``SO_REUSEPORT``): a port another
+    process holds fails here instead of splitting the requests between the two."""
     import grpc
     from tritonclient.grpc import service_pb2_grpc
 
     server = grpc.aio.server(
-        options=[("grpc.max_receive_message_length", max_message), ("grpc.max_send_message_length", max_message)]
+        options=[
+            ("grpc.max_receive_message_length", plane.max_body),
+            ("grpc.max_send_message_length", plane.max_body),
+            ("grpc.so_reuseport", 0),
+        ]
     )
-    service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(_service(models, loader, strict), server)
+    service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(_service(plane), server)
     bound = server.add_insecure_port(f"{host}:{port}")
     await server.start()
     return server, bound
 
 
-def _service(models: Models, loader: concurrent.futures.Executor, strict: bool) -> Any:
+def _service(plane: DataPlane) -> Any:
     import grpc
     from google.protobuf import json_format
     from tritonclient.grpc import model_config_pb2, service_pb2, service_pb2_grpc
-
-    codes = {
-        400: grpc.StatusCode.INVALID_ARGUMENT,
-        404: grpc.StatusCode.NOT_FOUND,
-        408: grpc.StatusCode.DEADLINE_EXCEEDED,
-        413: grpc.StatusCode.RESOURCE_EXHAUSTED,
-        503: grpc.StatusCode.UNAVAILABLE,
-    }
 
     def handled(method):
         async def call(self, request, context):
             try:
                 return await method(self, request, context)
-            except BadRequest as bad:
-                await context.abort(codes.get(bad.status, grpc.StatusCode.INVALID_ARGUMENT), str(bad))
-            except ModelNotFound as missing:
-                await context.abort(grpc.StatusCode.NOT_FOUND, str(missing))
-            except XDeviceError as failure:
-                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(failure))
+            except Exception as failure:  # every failure is answered, as the data plane's table says
+                status, code, text = error_status(failure)
+                if status == 500:
+                    logger.exception("unexpected failure in %s", method.__name__)
+                await context.abort(grpc.StatusCode[code], text)
 
         return call
 
     class Service(service_pb2_grpc.GRPCInferenceServiceServicer):
         @handled
         async def ServerLive(self, request, context):
-            return service_pb2.ServerLiveResponse(live=True)
+            return service_pb2.ServerLiveResponse(**plane.live())
 
         @handled
         async def ServerReady(self, request, context):
-            return service_pb2.ServerReadyResponse(ready=models.ready(strict))
+            return service_pb2.ServerReadyResponse(ready=plane.ready()[0])
 
         @handled
         async def ModelReady(self, request, context):
             try:
-                loaded = models.get(request.name, request.version)
+                ready = plane.model_ready(request.name, request.version)["ready"]
             except BadRequest:
-                return service_pb2.ModelReadyResponse(ready=False)
-            return service_pb2.ModelReadyResponse(ready=loaded.session.ready)
+                ready = False
+            return service_pb2.ModelReadyResponse(ready=ready)
 
         @handled
         async def ServerMetadata(self, request, context):
-            return service_pb2.ServerMetadataResponse(**server_info())
+            return service_pb2.ServerMetadataResponse(**plane.server_metadata())
 
         @handled
         async def ModelMetadata(self, request, context):
-            info = model_info(models, request.name, request.version)
+            info = plane.model_metadata(request.name, request.version)
             tensor = service_pb2.ModelMetadataResponse.TensorMetadata
             return service_pb2.ModelMetadataResponse(
                 name=info["name"],
@@ -118,48 +120,52 @@ def _service(models: Models, loader: concurrent.futures.Executor, strict: bool) 
 
         @handled
         async def ModelConfig(self, request, context):
-            loaded = models.get(request.name, request.version)
-            config = triton_config(loaded.config, loaded.session.inputs, loaded.session.outputs)
+            config = plane.model_config(request.name, request.version)
             return service_pb2.ModelConfigResponse(config=json_format.ParseDict(config, model_config_pb2.ModelConfig()))
 
         @handled
         async def ModelStatistics(self, request, context):
-            found = statistics(models, request.name or None, request.version or None)
-            return json_format.ParseDict({"model_stats": found}, service_pb2.ModelStatisticsResponse())
+            found = plane.statistics(request.name, request.version)
+            return json_format.ParseDict(found, service_pb2.ModelStatisticsResponse())
 
         @handled
         async def RepositoryIndex(self, request, context):
             index = service_pb2.RepositoryIndexResponse.ModelIndex
             return service_pb2.RepositoryIndexResponse(
-                models=[index(**entry) for entry in models.index() if not request.ready or entry["state"] == "READY"]
+                models=[index(**entry) for entry in plane.index(ready_only=request.ready)]
             )
 
         @handled
         async def RepositoryModelLoad(self, request, context):
-            await load_model(models, loader, request.model_name)
+            await plane.load(request.model_name, _parameters(request.parameters))
             return service_pb2.RepositoryModelLoadResponse()
 
         @handled
         async def RepositoryModelUnload(self, request, context):
-            await retire(models.unload(request.model_name))
+            await plane.unload(request.model_name)
             return service_pb2.RepositoryModelUnloadResponse()
 
         @handled
         async def ModelInfer(self, request, context):
-            start = time.perf_counter()
-            loaded = models.get(request.model_name, request.model_version)
-            try:
-                parsed = _request(request)
-            except BadRequest:
-                loaded.stats.request(False, time.perf_counter() - start)
-                raise
-            outputs = await models.infer(loaded, parsed)
-            encoding = time.perf_counter()
-            response = _response(service_pb2, loaded.name, loaded.version, request.id, parsed, outputs)
-            models.finished(loaded, start, encoding)
-            return response
+            async def decode():
+                return _request(request)
+
+            def encode(loaded, parsed, outputs):
+                return _response(service_pb2, loaded.name, loaded.version, request.id, parsed, outputs)
+
+            return await plane.infer(request.model_name, request.model_version, decode, encode)
 
     return Service()
+
+
+def _parameters(parameters: Any) -> dict[str, Any]:
+    """A protobuf parameter map (``ModelRepositoryParameter``, ``InferParameter``) as a dict
+    of whichever value each one carries."""
+    return {
+        key: getattr(value, value.WhichOneof("parameter_choice"))
+        for key, value in parameters.items()
+        if value.WhichOneof("parameter_choice")
+    }
 
 
 def _request(request: Any) -> InferRequest:
@@ -184,40 +190,15 @@ def _request(request: Any) -> InferRequest:
             raise BadRequest(
                 message(f"Input {name!r} has a bad shape", expected="non-negative dims", received=list(shape))
             )
-        inputs[name] = _raw(name, raw[i], datatype, shape) if raw else _typed(name, tensor.contents, datatype, shape)
+        inputs[name] = (
+            tensor_from_bytes(name, raw[i], datatype, shape, "raw_input_contents")
+            if raw
+            else _typed(name, tensor.contents, datatype, shape)
+        )
         datatypes[name] = datatype
-    parameters = {
-        key: getattr(value, value.WhichOneof("parameter_choice"))
-        for key, value in request.parameters.items()
-        if value.WhichOneof("parameter_choice")
-    }
+    parameters = _parameters(request.parameters)
     outputs = [(o.name, True) for o in request.outputs] or None
     return InferRequest(request.id or None, inputs, datatypes, outputs, True, parameters)
-
-
-def _raw(name: str, data: bytes, datatype: str, shape: tuple) -> np.ndarray:
-    count = int(np.prod(shape))
-    if datatype == "BYTES":
-        items = decode_bytes(data, name)
-        if len(items) != count:
-            raise BadRequest(
-                message(
-                    f"Input {name!r}: the BYTES elements do not match the shape",
-                    expected=f"{count} elements",
-                    received=len(items),
-                )
-            )
-        return items.reshape(shape)
-    dtype = _dtype(datatype)
-    if len(data) != count * dtype.itemsize:
-        raise BadRequest(
-            message(
-                f"Input {name!r}: the raw contents do not match the shape",
-                expected=f"{count * dtype.itemsize} bytes ({list(shape)} x {datatype})",
-                received=f"{len(data)} bytes",
-            )
-        )
-    return np.frombuffer(data, dtype=dtype.newbyteorder("<")).astype(dtype, copy=False).reshape(shape)
 
 
 def _typed(name: str, contents: Any, datatype: str, shape: tuple) -> np.ndarray:
@@ -235,7 +216,7 @@ def _typed(name: str, contents: Any, datatype: str, shape: tuple) -> np.ndarray:
         )
     if datatype == "BYTES":
         return np.array(values, dtype=object).reshape(shape)
-    dtype = _dtype(datatype)
+    dtype = numpy_dtype(datatype)
     try:
         wide = np.asarray(values)
         if dtype.kind in "iu" and wide.size and (wide.min() < np.iinfo(dtype).min or wide.max() > np.iinfo(dtype).max):
@@ -245,14 +226,6 @@ def _typed(name: str, contents: Any, datatype: str, shape: tuple) -> np.ndarray:
         raise BadRequest(message(f"Input {name!r}: the contents do not fit {datatype}", received=str(error))) from None
 
 
-def _dtype(datatype: str) -> np.dtype:
-    if datatype == "BF16":
-        import ml_dtypes
-
-        return np.dtype(ml_dtypes.bfloat16)
-    return np.dtype(FROM_V2[datatype])
-
-
 def _response(
     service_pb2: Any, model: str, version: str, request_id: str, request: InferRequest, outputs: dict[str, np.ndarray]
 ) -> Any:
@@ -260,7 +233,7 @@ def _response(
     tensors, raw = [], []
     for name in wanted:
         value = outputs[name]
-        datatype = "BYTES" if value.dtype.kind in "OSU" else V2_DATATYPES[value.dtype.name]
+        datatype = v2_datatype(value)
         tensors.append(
             service_pb2.ModelInferResponse.InferOutputTensor(name=name, datatype=datatype, shape=list(value.shape))
         )

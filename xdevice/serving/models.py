@@ -1,5 +1,6 @@
-"""The models a server holds, shared by its HTTP and gRPC endpoints: loading, readiness,
-the repository index, and running one request (checks, batching, statistics).
+"""The model table: the models a server holds (:class:`Models`), under the data plane
+(``dataplane.py``): loading and unloading, readiness, the repository index, metadata,
+statistics, and running one request (checks, batching).
 
 A model is loaded as every version its ``version_policy`` selects, each an ONNX Runtime
 session checked against the inputs and outputs its configuration declares and warmed up
@@ -14,11 +15,13 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import dataclasses
+import functools
 import logging
 import queue
 import re
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -32,7 +35,7 @@ from xdevice.serving.repository import V2_DATATYPES, ModelNotFound, Repository
 from xdevice.serving.session import Session
 from xdevice.serving.vocabulary import Vocabulary, check_tokens, vocabularies
 
-__all__ = ["Loaded", "Models", "load_model", "model_info", "retire", "server_info", "statistics", "warmup_batches"]
+__all__ = ["Loaded", "Models", "warmup_batches"]
 
 logger = logging.getLogger("xdevice.serving")
 
@@ -84,24 +87,41 @@ class Models:
         self.loaded: dict[str, dict[str, Loaded]] = {}
         self.failed: dict[str, str] = {}  # model -> why it is not served
         self.lock = threading.Lock()
+        # loads run here, one at a time, off the event loop
+        self.loader = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="xdevice-load")
 
     # -- loading ----------------------------------------------------------------------------
 
-    def load(self, name: str, *, log_failure: bool = True) -> list[Loaded]:
+    def load(
+        self,
+        name: str,
+        *,
+        log_failure: bool = True,
+        config: ModelConfig | None = None,
+        source: Repository | None = None,
+    ) -> list[Loaded]:
         """Load every version of ``name`` its policy selects (replacing what was loaded).
 
         Args:
             log_failure: log a failure (False where the caller reports it itself).
+            config: the configuration to load with, in place of the model's ``config.pbtxt``
+                (a load request's ``config`` override).
+            source: where the model's files are (a load request's ``file:`` overrides);
+                default: the repository.
 
         Raises:
             XDeviceError: the model cannot be served; the reason is also kept for the index.
         """
+        source = source or self.repository
         try:
-            config = self.repository.config(name)
-            versions = self.repository.served(name)
+            if config is None:
+                config = source.config(name)
+            elif config.device is None:
+                config.device = self.repository.device
+            versions = config.selects(source.versions(name))
             if not versions:
-                raise ModelNotFound(self.repository.unserved(name))
-            ready = [self._version(name, str(v), config) for v in versions]
+                raise ModelNotFound(source.unserved(name) or f"Model {name!r}: the configuration selects no version")
+            ready = [self._version(name, str(v), config, source.file_of(name, v)) for v in versions]
         except XDeviceError as error:
             with self.lock:
                 self.failed[name] = one_line(str(error))
@@ -122,8 +142,7 @@ class Models:
         )
         return ready
 
-    def _version(self, name: str, version: str, config: ModelConfig) -> Loaded:
-        path = self.repository.path(name, version)
+    def _version(self, name: str, version: str, config: ModelConfig, path: Path) -> Loaded:
         session = Session(
             path,
             device=config.device,
@@ -172,11 +191,33 @@ class Models:
             )
         return Loaded(name, version, session, config, stats, batcher, instances, vocabulary, sessions)
 
+    async def reload(self, name: str, **overrides: Any) -> None:
+        """(Re)load ``name`` off the event loop (``overrides`` as :meth:`load` takes them),
+        then stop the versions it replaced."""
+        old = list(self.loaded.get(name, {}).values())
+        await asyncio.get_running_loop().run_in_executor(self.loader, functools.partial(self.load, name, **overrides))
+        await self.retire(old)
+
     def unload(self, name: str) -> list[Loaded]:
         self.repository.config(name)  # an unknown name fails here, with the valid ones
         with self.lock:
             self.failed.pop(name, None)
             return list(self.loaded.pop(name, {}).values())
+
+    @staticmethod
+    async def retire(old: list[Loaded]) -> None:
+        """Stop replaced or unloaded versions; the runs they already started still finish."""
+        for loaded in old:
+            if loaded.batcher is not None:
+                await loaded.batcher.close()
+            loaded.instances.shutdown(wait=False)
+
+    async def close(self) -> None:
+        """Stop every model, letting the runs already started finish, and the loader."""
+        for loaded in self.all():
+            await self.retire([loaded])
+            loaded.instances.shutdown(wait=True)
+        self.loader.shutdown(wait=True)
 
     # -- looking up -------------------------------------------------------------------------
 
@@ -269,6 +310,28 @@ class Models:
 
     def all(self) -> list[Loaded]:
         return [m for versions in list(self.loaded.values()) for m in versions.values()]
+
+    def metadata(self, name: str, version: str | None) -> dict:
+        """The protocol's model metadata: name, versions loaded, platform, inputs, outputs."""
+        loaded = self.get(name, version)
+        return {
+            "name": loaded.name,
+            "versions": sorted(self.loaded.get(name, {}), key=int),
+            "platform": "onnxruntime_onnx",
+            "inputs": [_spec(s) for s in loaded.session.inputs],
+            "outputs": [_spec(s) for s in loaded.session.outputs],
+        }
+
+    def statistics(self, name: str | None, version: str | None) -> list[dict]:
+        """Triton's statistics of one model (one version, or every loaded one), or of every model."""
+        if name is None:
+            chosen = self.all()
+        elif version:
+            chosen = [self.get(name, version)]
+        else:
+            self.get(name)  # an unknown or unloaded model fails here
+            chosen = list(self.loaded.get(name, {}).values())
+        return [m.stats.snapshot(m.name, m.version) for m in chosen]
 
     # -- serving one request -----------------------------------------------------------------
 
@@ -441,57 +504,6 @@ def _sample(dtype: str, shape: tuple, how: str, file: Any, rng: np.random.Genera
     if numpy_dtype.kind == "b":
         return rng.integers(0, 2, size=shape).astype(bool)
     return rng.integers(0, 8, size=shape).astype(numpy_dtype)
-
-
-# -- what HTTP and gRPC answer alike -------------------------------------------------------------
-
-
-def server_info() -> dict:
-    from xdevice import __version__
-
-    return {
-        "name": "xdevice",
-        "version": __version__,
-        "extensions": ["binary_tensor_data", "model_repository", "statistics"],
-    }
-
-
-def model_info(models: Models, name: str, version: str | None) -> dict:
-    loaded = models.get(name, version)
-    return {
-        "name": loaded.name,
-        "versions": sorted(models.loaded.get(name, {}), key=int),
-        "platform": "onnxruntime_onnx",
-        "inputs": [_spec(s) for s in loaded.session.inputs],
-        "outputs": [_spec(s) for s in loaded.session.outputs],
-    }
-
-
-def statistics(models: Models, name: str | None, version: str | None) -> list[dict]:
-    """Triton's statistics of one model (one version, or every loaded one), or of every model."""
-    if name is None:
-        chosen = models.all()
-    elif version:
-        chosen = [models.get(name, version)]
-    else:
-        models.get(name)  # an unknown or unloaded model fails here
-        chosen = list(models.loaded.get(name, {}).values())
-    return [m.stats.snapshot(m.name, m.version) for m in chosen]
-
-
-async def load_model(models: Models, loader: concurrent.futures.Executor, name: str) -> None:
-    """(Re)load ``name`` off the event loop, then stop the versions it replaced."""
-    old = list(models.loaded.get(name, {}).values())
-    await asyncio.get_running_loop().run_in_executor(loader, models.load, name)
-    await retire(old)
-
-
-async def retire(old: list[Loaded]) -> None:
-    """Stop replaced or unloaded versions; the runs they already started still finish."""
-    for loaded in old:
-        if loaded.batcher is not None:
-            await loaded.batcher.close()
-        loaded.instances.shutdown(wait=False)
 
 
 def _spec(spec) -> dict:

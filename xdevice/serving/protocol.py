@@ -32,6 +32,9 @@ __all__ = [
     "encode_response",
     "encode_bytes",
     "decode_bytes",
+    "numpy_dtype",
+    "tensor_from_bytes",
+    "v2_datatype",
     "HEADER_LENGTH",
 ]
 
@@ -102,7 +105,7 @@ def decode_request(body: bytes, header_length: str | None) -> InferRequest:
                         received=size,
                     )
                 )
-            inputs[name] = _from_bytes(name, binary[offset : offset + size], datatype, shape)
+            inputs[name] = tensor_from_bytes(name, binary[offset : offset + size], datatype, shape)
             offset += size
         elif "data" in entry:
             inputs[name] = _from_json(name, entry["data"], datatype, shape)
@@ -147,7 +150,7 @@ def encode_response(
     entries, blobs = [], []
     for name, binary in wanted:
         value = outputs[name]
-        datatype = _v2_datatype(value)
+        datatype = v2_datatype(value)
         entry: dict[str, Any] = {"name": name, "datatype": datatype, "shape": list(value.shape)}
         if binary:
             blob = _to_bytes(value, datatype)
@@ -290,7 +293,11 @@ def _flatten(name: str, data: Any, shape: tuple[int, ...]) -> list:
     return level
 
 
-def _from_bytes(name: str, raw: bytes, datatype: str, shape: tuple[int, ...]) -> np.ndarray:
+def tensor_from_bytes(
+    name: str, raw: bytes, datatype: str, shape: tuple[int, ...], field: str = "binary_data_size"
+) -> np.ndarray:
+    """One input's raw bytes (binary HTTP, gRPC's ``raw_input_contents``) as an array of
+    ``shape``; ``field`` is what carried them, as errors name it."""
     count = math.prod(shape)
     if datatype == "BYTES":
         items = decode_bytes(raw, name)
@@ -303,11 +310,11 @@ def _from_bytes(name: str, raw: bytes, datatype: str, shape: tuple[int, ...]) ->
                 )
             )
         return items.reshape(shape)
-    dtype = np.dtype(_numpy_dtype(datatype))
+    dtype = numpy_dtype(datatype)
     if len(raw) != count * dtype.itemsize:
         raise BadRequest(
             message(
-                f"Input {name!r}: binary_data_size does not match the shape",
+                f"Input {name!r}: {field} does not match the shape",
                 expected=f"{count * dtype.itemsize} bytes ({list(shape)} x {datatype})",
                 received=f"{len(raw)} bytes",
             )
@@ -315,15 +322,17 @@ def _from_bytes(name: str, raw: bytes, datatype: str, shape: tuple[int, ...]) ->
     return np.frombuffer(raw, dtype=dtype.newbyteorder("<")).astype(dtype, copy=False).reshape(shape)
 
 
-def _numpy_dtype(datatype: str):
+def numpy_dtype(datatype: str) -> np.dtype:
+    """The numpy dtype of a V2 datatype other than BYTES (BF16 through ``ml_dtypes``)."""
     if datatype == "BF16":
         import ml_dtypes
 
-        return ml_dtypes.bfloat16
-    return FROM_V2[datatype]
+        return np.dtype(ml_dtypes.bfloat16)
+    return np.dtype(FROM_V2[datatype])
 
 
-def _v2_datatype(value: np.ndarray) -> str:
+def v2_datatype(value: np.ndarray) -> str:
+    """The V2 datatype of an output array (strings and bytes: BYTES)."""
     if value.dtype.kind in "OSU":
         return "BYTES"
     return V2_DATATYPES[value.dtype.name]

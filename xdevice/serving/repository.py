@@ -128,6 +128,13 @@ class Repository:
             return self.file
         return self.root / name / str(int(version)) / "model.onnx"
 
+    def file_of(self, name: str, version: int | str) -> Path:
+        """The ``model.onnx`` of ``name`` at ``version``, whatever the version policy says
+        (a load request may bring a configuration of its own)."""
+        if self.file is not None:
+            return self.file
+        return self.root / name / str(int(version)) / "model.onnx"
+
     def config(self, name: str) -> ModelConfig:
         """The model's :class:`ModelConfig`, read from its folder (Triton's defaults for a file)."""
         folder = self._folder(name)
@@ -171,7 +178,7 @@ class Repository:
             return message(
                 f"{head}: found {_first(loose)} outside a version folder",
                 expected=layout,
-                fix=f"move it to {folder / '1' / 'model.onnx'}",
+                fix=f"move it to {folder / '1' / 'model.onnx'}, or serve the file itself: xdevice serve {loose[0]}",
             )
         if elsewhere:
             where = elsewhere[0].parent
@@ -190,7 +197,8 @@ class Repository:
         return message(
             f"{head}: {folder} holds no version folder",
             expected=layout,
-            fix=f"export the model to {folder / '1' / 'model.onnx'}",
+            fix=f"export the model to {folder / '1' / 'model.onnx'}, or serve one .onnx file by itself "
+            "(xdevice serve <file>.onnx: a one-model repository)",
         )
 
     def strays(self) -> list[str]:

@@ -2,8 +2,9 @@
 HTTP and gRPC.
 
 Starlette on uvicorn for HTTP (bodies parsed with orjson and numpy, no per-request schema
-objects), ``grpc.aio`` for gRPC on the same event loop, both over one :class:`Models`; ONNX
-Runtime runs in a thread pool, off the event loop. Every bad request gets a 4xx with
+objects), ``grpc.aio`` for gRPC on the same event loop, both thin adapters over one
+:class:`~xdevice.serving.dataplane.DataPlane`; ONNX Runtime runs in a thread pool, off the
+event loop. Every bad request gets a 4xx with
 ``{"error": "..."}`` (or its gRPC status) and the server keeps serving; stopping it lets the
 requests in flight finish.
 
@@ -24,9 +25,9 @@ connection open indefinitely).
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import contextlib
 import logging
+import socket
 import threading
 import time
 from collections.abc import Sequence
@@ -35,20 +36,18 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from xdevice._errors import ConfigurationError, InferenceError, XDeviceError, message
-from xdevice.serving.metrics import Registry
-from xdevice.serving.models import Models, load_model, model_info, retire, server_info, statistics
+from xdevice._errors import ConfigurationError, InferenceError, message
+from xdevice.serving.dataplane import MAX_BODY, DataPlane, error_status
 from xdevice.serving.protocol import HEADER_LENGTH, BadRequest, decode_request, encode_response
-from xdevice.serving.repository import ModelNotFound, Repository, triton_config
 from xdevice.serving.session import serving_device
 
 if TYPE_CHECKING:
     import subprocess
 
-__all__ = ["Server", "ServerProcess", "create_app", "serve", "ServerNotReady", "GRPC_PORT"]
+__all__ = ["Server", "ServerProcess", "create_app", "rest_app", "serve", "ServerNotReady", "PortTaken", "GRPC_PORT"]
 
-MAX_BODY = 64 * 2**20
 GRPC_PORT = 8001
+SHUTDOWN_TIMEOUT = 10.0  # seconds requests in flight get to finish when the server stops
 HEADER_TIMEOUT = 10.0  # seconds a client has to send its request headers
 BODY_TIMEOUT = 60.0  # seconds a client has to send its request body
 logger = logging.getLogger("xdevice.serving")
@@ -68,126 +67,47 @@ def create_app(
     grpc_port: int | None = None,
     grpc_host: str = "127.0.0.1",
     device: str = "cpu",
+    shutdown_timeout: float = SHUTDOWN_TIMEOUT,
 ):
     """The Starlette app serving ``repository`` (Triton's layout, or one ``.onnx`` file);
-    loads every model now.
+    loads every model now (:class:`~xdevice.serving.dataplane.DataPlane`, whose arguments
+    these are).
 
     Args:
-        exit_on_error: raise ``ConfigurationError`` naming every model that failed to load
-            (Triton's ``--exit-on-error``); False: serve the others, the index says why.
-        strict_readiness: ready only when every model is (Triton's ``--strict-readiness``);
-            either way, never with no model loaded.
         grpc_port: also serve gRPC (``GRPCInferenceService``) on this port once the app
             starts (0: a free one, read back from ``app.state.grpc_port``); None: HTTP only.
         device: where a model runs whose configuration does not say (``KIND_AUTO`` or no
             ``instance_group``): ``"cpu"`` or ``"gpu:N"``.
+        shutdown_timeout: seconds the gRPC calls in flight get to finish when it stops.
     """
+    plane = DataPlane(
+        repository,
+        device=_server_device(device),
+        threads=threads,
+        exit_on_error=exit_on_error,
+        strict_readiness=strict_readiness,
+        max_body=max_body,
+    )
+    return rest_app(plane, grpc_port=grpc_port, grpc_host=grpc_host, shutdown_timeout=shutdown_timeout)
+
+
+def rest_app(
+    plane: DataPlane,
+    *,
+    grpc_port: int | None = None,
+    grpc_host: str = "127.0.0.1",
+    shutdown_timeout: float = SHUTDOWN_TIMEOUT,
+):
+    """The HTTP endpoints over ``plane`` as a Starlette app, which also runs the gRPC service
+    on ``grpc_port`` (None: none) while it runs; ``app.state.dataplane`` is ``plane``."""
     from starlette.applications import Starlette
     from starlette.exceptions import HTTPException
-    from starlette.responses import Response
     from starlette.routing import Route
 
-    registry = Registry()
-    repo = Repository(repository, device=_server_device(device))
-    models = Models(repo, registry, **({"threads": threads} if threads else {}))
-    loader = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="xdevice-load")
-    for name in repo.models():
-        with contextlib.suppress(XDeviceError):  # kept in models.failed, logged, and shown in the index
-            models.load(name, log_failure=not exit_on_error)  # exiting, the error below names it
-    strays = repo.strays()
-    if exit_on_error and (models.failed or strays):
-        raise ConfigurationError(_failures(models.failed, strays))
-    for stray in strays:
-        logger.error("%s", stray)
-    if not models.loaded:
-        logger.warning("%s", models.nothing_served())
-
-    def reply(value: Any = None, status: int = 200) -> Response:
-        body = b"" if value is None else orjson.dumps(value)
-        return Response(body, status_code=status, media_type="application/json")
-
-    def error(text: str, status: int) -> Response:
-        return reply({"error": text}, status)
-
-    def handled(handler):
-        async def endpoint(request):
-            try:
-                return await handler(request, **request.path_params)
-            except BadRequest as bad:
-                return error(str(bad), bad.status)
-            except ModelNotFound as missing:
-                return error(str(missing), 404)
-            except XDeviceError as failure:
-                return error(str(failure), 400)
-            except Exception as failure:
-                logger.exception("unexpected failure on %s", request.url.path)
-                return error(f"{type(failure).__name__}: {failure}", 500)
-
-        return endpoint
-
-    async def server_metadata(request):
-        return reply(server_info())
-
-    async def live(request):
-        return reply()
-
-    async def ready(request):
-        why = models.unready(strict_readiness)
-        return reply({"ready": False, "error": why} if why else {"ready": True}, 503 if why else 200)
-
-    async def model_metadata(request, model, version=None):
-        return reply(model_info(models, model, version))
-
-    async def model_ready(request, model, version=None):
-        loaded = models.get(model, version)
-        return reply(None, 200 if loaded.session.ready else 503)
-
-    async def model_config(request, model, version=None):
-        loaded = models.get(model, version)
-        return reply(triton_config(loaded.config, loaded.session.inputs, loaded.session.outputs))
-
-    async def model_stats(request, model=None, version=None):
-        return reply({"model_stats": statistics(models, model, version)})
-
-    async def infer(request, model, version=None):
-        start = time.perf_counter()
-        loaded = models.get(model, version)
-        try:
-            body = await asyncio.wait_for(_read_body(request, max_body), BODY_TIMEOUT)
-        except asyncio.TimeoutError:
-            raise BadRequest(
-                message(
-                    "The request body did not arrive in time", expected=f"the whole body within {BODY_TIMEOUT:g} s"
-                ),
-                status=408,
-            ) from None
-        try:
-            parsed = decode_request(body, request.headers.get(HEADER_LENGTH))
-        except BadRequest:
-            loaded.stats.request(False, time.perf_counter() - start)
-            raise
-        outputs = await models.infer(loaded, parsed)
-        encoding = time.perf_counter()
-        content, headers = encode_response(loaded.name, loaded.version, parsed, outputs)
-        models.finished(loaded, start, encoding)
-        return Response(content, headers=headers)
-
-    async def repository_index(request):
-        return reply(models.index())
-
-    async def load(request, model):
-        await load_model(models, loader, model)
-        return reply()
-
-    async def unload(request, model):
-        await retire(models.unload(model))
-        return reply()
-
-    async def metrics(request):
-        return Response(registry.render(), media_type="text/plain; version=0.0.4")
+    rest = _Endpoints(plane)
 
     async def http_error(request, failure: HTTPException):
-        return error(f"{failure.detail}: {request.method} {request.url.path}", failure.status_code)
+        return _reply({"error": f"{failure.detail}: {request.method} {request.url.path}"}, failure.status_code)
 
     @contextlib.asynccontextmanager
     async def lifespan(app):
@@ -195,57 +115,163 @@ def create_app(
         if grpc_port is not None:
             from xdevice.serving.grpc_service import start_grpc
 
-            grpc_server, app.state.grpc_port = await start_grpc(
-                models, loader, grpc_host, grpc_port, strict_readiness, max_body
-            )
+            reservation = getattr(app.state, "grpc_reservation", None)
+            if reservation is not None:  # serve() held the port from before the models loaded
+                reservation.close()
+
+            grpc_server, app.state.grpc_port = await start_grpc(plane, grpc_host, grpc_port)
             logger.info("gRPC (GRPCInferenceService) on %s:%d", grpc_host, app.state.grpc_port)
         yield
         if grpc_server is not None:
-            await grpc_server.stop(5)
-        for loaded in models.all():
-            await retire([loaded])
-            loaded.instances.shutdown(wait=True)
-        loader.shutdown(wait=True)
+            await grpc_server.stop(shutdown_timeout)
+        await plane.close()
+
+    def route(path: str, handler, method: str = "GET") -> Route:
+        async def endpoint(request):
+            try:
+                return await handler(request, **request.path_params)
+            except Exception as failure:  # every failure is answered, as the data plane's table says
+                status, _, text = error_status(failure)
+                if status == 500:
+                    logger.exception("unexpected failure on %s", request.url.path)
+                return _reply({"error": text}, status)
+
+        return Route(path, endpoint, methods=[method])
 
     routes = [
-        Route("/v2", handled(server_metadata)),
-        Route("/v2/health/live", handled(live)),
-        Route("/v2/health/ready", handled(ready)),
-        Route("/metrics", handled(metrics)),
-        Route("/v2/models/stats", handled(model_stats)),
-        Route("/v2/repository/index", handled(repository_index), methods=["POST"]),
-        Route("/v2/repository/models/{model}/load", handled(load), methods=["POST"]),
-        Route("/v2/repository/models/{model}/unload", handled(unload), methods=["POST"]),
+        route("/v2", rest.server_metadata),
+        route("/v2/health/live", rest.live),
+        route("/v2/health/ready", rest.ready),
+        route("/metrics", rest.metrics),
+        route("/v2/models/stats", rest.model_stats),
+        route("/v2/repository/index", rest.repository_index, "POST"),
+        route("/v2/repository/models/{model}/load", rest.load, "POST"),
+        route("/v2/repository/models/{model}/unload", rest.unload, "POST"),
     ]
     for prefix in ("/v2/models/{model}", "/v2/models/{model}/versions/{version}"):
         routes += [
-            Route(prefix, handled(model_metadata)),
-            Route(prefix + "/ready", handled(model_ready)),
-            Route(prefix + "/config", handled(model_config)),
-            Route(prefix + "/stats", handled(model_stats)),
-            Route(prefix + "/infer", handled(infer), methods=["POST"]),
+            route(prefix, rest.model_metadata),
+            route(prefix + "/ready", rest.model_ready),
+            route(prefix + "/config", rest.model_config),
+            route(prefix + "/stats", rest.model_stats),
+            route(prefix + "/infer", rest.infer, "POST"),
         ]
     handlers = {HTTPException: http_error}  # Starlette's hint wants handlers of any Exception
     app = Starlette(routes=routes, exception_handlers=handlers, lifespan=lifespan)  # type: ignore[arg-type]  # as above
-    app.state.models = models
+    app.state.dataplane = plane
+    app.state.models = plane.models
     app.state.grpc_port = None
     return app
 
 
-def _failures(failed: dict[str, str], strays: list[str]) -> str:
-    """The start-up error: one line per model that failed and per stray file, then the fix."""
-    counts = []
-    if failed:
-        counts.append(f"{len(failed)} model{'s' * (len(failed) > 1)} failed to load")
-    if strays:
-        counts.append(f"{len(strays)} .onnx file{'s' * (len(strays) > 1)} outside a model folder")
-    lines = [f"{' and '.join(counts)}:"]
-    lines += [f"  {name}: {reason}" for name, reason in sorted(failed.items())]
-    lines += [f"  {stray}" for stray in strays]
-    lines.append(
-        "Fix: correct each as its line says, or pass --no-exit-on-error (exit_on_error=False) to serve the others."
-    )
-    return "\n".join(lines)
+def _reply(value: Any = None, status: int = 200):
+    from starlette.responses import Response
+
+    body = b"" if value is None else orjson.dumps(value)
+    return Response(body, status_code=status, media_type="application/json")
+
+
+class _Endpoints:
+    """The Open Inference Protocol's HTTP endpoints, each a translation to one data-plane call."""
+
+    def __init__(self, plane: DataPlane):
+        self.plane = plane
+
+    async def server_metadata(self, request):
+        return _reply(self.plane.server_metadata())
+
+    async def live(self, request):
+        return _reply(self.plane.live())
+
+    async def ready(self, request):
+        ready, body = self.plane.ready()
+        return _reply(body, 200 if ready else 503)
+
+    async def model_metadata(self, request, model, version=None):
+        return _reply(self.plane.model_metadata(model, version))
+
+    async def model_ready(self, request, model, version=None):
+        body = self.plane.model_ready(model, version)
+        return _reply(body, 200 if body["ready"] else 503)
+
+    async def model_config(self, request, model, version=None):
+        return _reply(self.plane.model_config(model, version))
+
+    async def model_stats(self, request, model=None, version=None):
+        return _reply(self.plane.statistics(model, version))
+
+    async def repository_index(self, request):
+        body = await _read_json(request, self.plane.max_body)
+        return _reply(self.plane.index(ready_only=bool(body.get("ready"))))
+
+    async def load(self, request, model):
+        body = await _read_json(request, self.plane.max_body)
+        parameters = body.get("parameters") or {}
+        if not isinstance(parameters, dict):
+            raise BadRequest(message("`parameters` must be an object", received=parameters))
+        await self.plane.load(model, {key: _file_bytes(key, value) for key, value in parameters.items()})
+        return _reply()
+
+    async def unload(self, request, model):
+        await self.plane.unload(model)
+        return _reply()
+
+    async def metrics(self, request):
+        from starlette.responses import Response
+
+        return Response(self.plane.metrics(), media_type="text/plain; version=0.0.4")
+
+    async def infer(self, request, model, version=None):
+        from starlette.responses import Response
+
+        async def decode():
+            try:
+                body = await asyncio.wait_for(_read_body(request, self.plane.max_body), BODY_TIMEOUT)
+            except asyncio.TimeoutError:
+                raise BadRequest(
+                    message(
+                        "The request body did not arrive in time",
+                        expected=f"the whole body within {BODY_TIMEOUT:g} s",
+                    ),
+                    status=408,
+                ) from None
+            return decode_request(body, request.headers.get(HEADER_LENGTH))
+
+        def encode(loaded, parsed, outputs):
+            content, headers = encode_response(loaded.name, loaded.version, parsed, outputs)
+            return Response(content, headers=headers)
+
+        return await self.plane.infer(model, version, decode, encode)
+
+
+def _file_bytes(key: str, value: Any) -> Any:
+    """A load parameter as the data plane takes it: a ``file:`` override's base64 text (the
+    model-repository extension's JSON form) as its bytes; any other value as it is."""
+    if not key.startswith("file:"):
+        return value
+    import base64
+    import binascii
+
+    try:
+        return base64.b64decode(value, validate=True)
+    except (binascii.Error, TypeError, ValueError):
+        raise BadRequest(
+            message(f"Load parameter {key!r} must be the file's bytes in base64", received=str(value)[:40])
+        ) from None
+
+
+async def _read_json(request, limit: int) -> dict:
+    """A small JSON request body (load, index) as a dict; an empty body is ``{}``."""
+    body = await _read_body(request, limit)
+    if not body.strip():
+        return {}
+    try:
+        parsed = orjson.loads(body)
+    except orjson.JSONDecodeError as error:
+        raise BadRequest(message("The request is not valid JSON", received=str(error)[:200])) from None
+    if not isinstance(parsed, dict):
+        raise BadRequest(message("The request body must be a JSON object", received=type(parsed).__name__))
+    return parsed
 
 
 async def _read_body(request, limit: int) -> bytes:
@@ -338,7 +364,7 @@ class Server:
             timeout_graceful_shutdown=grace,  # type: ignore[arg-type]  # seconds for asyncio.wait_for: a float works; the hint says int
             http=_http_protocol(header_timeout),
         )
-        self.server = uvicorn.Server(config)
+        self.server = _uvicorn_server(config, self.app.state.dataplane)
         self.thread = threading.Thread(target=self.server.run, name="xdevice-serve", daemon=True)
         self.host, self.port = host, port
 
@@ -452,6 +478,35 @@ def _server_device(spec: str) -> str:
     return str(where) if where.kind == "gpu" else "cpu"
 
 
+class PortTaken(ConfigurationError):
+    """A port the server was told to listen on is held by another program (or server)."""
+
+
+def reserve_port(host: str, port: int, flag: str) -> socket.socket:
+    """A socket bound to ``host:port`` for this server alone (``SO_REUSEADDR`` as uvicorn and
+    gRPC set it, never ``SO_REUSEPORT``), so a port another process listens on is found
+    before anything starts; ``flag`` is the option that changes the port.
+
+    Raises:
+        PortTaken: one line naming the port and ``flag``.
+    """
+    family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+    held = socket.socket(family, kind, proto)
+    held.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        held.bind(address)
+    except OSError as error:
+        held.close()
+        raise PortTaken(
+            message(
+                f"Port {port} on {host} is already in use ({error.strerror})",
+                fix=f"stop the program that holds it, or pass {flag} with a free port",
+            )
+        ) from None
+    held.set_inheritable(True)
+    return held
+
+
 def serve(
     repository: str | Path,
     host: str = "127.0.0.1",
@@ -461,34 +516,82 @@ def serve(
     access_log: bool = False,
     header_timeout: float = HEADER_TIMEOUT,
     log_level: str = "info",
+    shutdown_timeout: float = SHUTDOWN_TIMEOUT,
     **options: Any,
 ) -> None:
     """Serve ``repository`` until interrupted (what ``xdevice serve`` runs).
 
+    Both ports are taken before any model loads, so a port in use stops start-up at once.
+    SIGTERM or SIGINT stop it cleanly: no new connection is accepted, the requests in flight
+    get up to ``shutdown_timeout`` seconds to finish, the log says how many were drained,
+    and the call returns (``xdevice serve`` exits 0).
+
     Raises:
+        PortTaken: the HTTP or gRPC port is in use (nothing was loaded or logged).
         ConfigurationError: a model failed to load (with ``exit_on_error``, the default).
     """
     import uvicorn
 
-    app = create_app(repository, grpc_port=grpc_port or None, grpc_host=host, **options)
-    models = app.state.models
+    http_socket = reserve_port(host, port, "--port")
+    grpc_socket = None
+    try:
+        if grpc_port:
+            grpc_socket = reserve_port(host, grpc_port, "--grpc-port")
+        app = create_app(
+            repository, grpc_port=grpc_port or None, grpc_host=host, shutdown_timeout=shutdown_timeout, **options
+        )
+    except BaseException:
+        http_socket.close()
+        if grpc_socket is not None:
+            grpc_socket.close()
+        raise
+    app.state.grpc_reservation = grpc_socket  # let go of just before gRPC binds it
+    port = http_socket.getsockname()[1]  # the port taken, where 0 asked for a free one
+    plane = app.state.dataplane
     logger.info(
         "serving %s from %s on http://%s:%d%s (KServe V2; metrics at /metrics)",
-        ", ".join(models.loaded) or "no models",
+        ", ".join(plane.models.loaded) or "no models",
         repository,
         host,
         port,
         f" and grpc://{host}:{grpc_port}" if grpc_port else "",
     )
-    uvicorn.run(
+    config = uvicorn.Config(
         app,
         host=host,
         port=port,
         log_level=log_level if access_log else "warning",
         access_log=access_log,
-        timeout_graceful_shutdown=10,
+        timeout_graceful_shutdown=shutdown_timeout,  # type: ignore[arg-type]  # a float works; the hint says int
         http=_http_protocol(header_timeout),
     )
+    _uvicorn_server(config, plane).run(sockets=[http_socket])
+
+
+def _uvicorn_server(config: Any, plane: DataPlane) -> Any:
+    """uvicorn's server that says what a stop drained, and ends a stop asked by a signal as a
+    clean exit: uvicorn re-raises SIGTERM once it has drained, and the process would die of
+    it (exit 143, a failure to Kubernetes and systemd) after a shutdown that went well."""
+    import uvicorn
+
+    class Drained(uvicorn.Server):
+        @contextlib.contextmanager
+        def capture_signals(self):
+            with super().capture_signals():
+                yield
+                getattr(self, "_captured_signals", []).clear()  # handled: drained, not killed
+
+        async def shutdown(self, sockets=None):
+            pending, cancelled = plane.in_flight, plane.cancelled
+            timeout = self.config.timeout_graceful_shutdown
+            logger.info("stopping: %d request(s) in flight get up to %g s to finish", pending, timeout or 0)
+            await super().shutdown(sockets)
+            lost = plane.cancelled - cancelled
+            logger.info(
+                "stopped: drained %d request(s) in flight%s", pending - lost, f"; {lost} cut off" if lost else ""
+            )
+
+    return Drained(config)
 
 
 def _free_port() -> int:

@@ -1,0 +1,272 @@
+"""The data plane: every behaviour of the server, written once for HTTP and gRPC.
+
+:class:`DataPlane` owns what a request can ask of the server (KServe's
+``protocol/dataplane.py``): liveness and readiness (of the server and of each model),
+metadata, configuration, statistics, the repository index, model control (load with
+Triton's ``config`` and ``file:`` overrides, unload), inference (check, batch, run, count)
+and the error table that turns an exception into an HTTP status and a gRPC code. The HTTP
+endpoints (``server.py``) and the gRPC servicer (``grpc_service.py``) only translate their
+transport to and from these calls; the models themselves are the model table
+(:class:`~xdevice.serving.models.Models`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import re
+import tempfile
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import TypeVar
+
+from xdevice._errors import ConfigurationError, XDeviceError, message
+from xdevice.serving.config import parse_config
+from xdevice.serving.metrics import Registry
+from xdevice.serving.models import Loaded, Models
+from xdevice.serving.protocol import BadRequest, InferRequest
+from xdevice.serving.repository import ModelNotFound, Repository, triton_config
+
+__all__ = ["DataPlane", "GRPC_CODES", "error_status", "MAX_BODY"]
+
+MAX_BODY = 64 * 2**20
+logger = logging.getLogger("xdevice.serving")
+Answer = TypeVar("Answer")
+
+#: HTTP status -> the gRPC status code (a ``grpc.StatusCode`` name) that says the same
+GRPC_CODES = {
+    400: "INVALID_ARGUMENT",
+    404: "NOT_FOUND",
+    408: "DEADLINE_EXCEEDED",
+    413: "RESOURCE_EXHAUSTED",
+    500: "INTERNAL",
+    503: "UNAVAILABLE",
+}
+
+#: a load request's file override: the model bytes of one version (Triton's ``file:<path>``)
+_FILE = re.compile(r"file:(\d+)/model\.onnx")
+
+
+def error_status(error: BaseException) -> tuple[int, str, str]:
+    """What a failed call answers, on either transport: ``(HTTP status, gRPC code, text)``.
+
+    A ``BadRequest`` carries its own status; an unknown model is 404; any other xdevice
+    error is the client's (400); anything else is the server's (500, logged by the caller).
+
+    >>> error_status(ModelNotFound("Unknown model"))
+    (404, 'NOT_FOUND', 'Unknown model')
+    """
+    if isinstance(error, BadRequest):
+        status = error.status
+    elif isinstance(error, ModelNotFound):
+        status = 404
+    elif isinstance(error, XDeviceError):
+        status = 400
+    else:
+        return 500, GRPC_CODES[500], f"{type(error).__name__}: {error}"
+    return status, GRPC_CODES.get(status, "INVALID_ARGUMENT"), str(error)
+
+
+class DataPlane:
+    """The server's behaviour over one model repository; loads every model when created.
+
+    Args:
+        repository: Triton's layout, or one ``.onnx`` file.
+        device: where a model runs whose configuration does not say (``"cpu"``, ``"gpu:N"``).
+        threads: ONNX Runtime intra-op threads per session (None: its default).
+        exit_on_error: raise ``ConfigurationError`` naming every model that failed to load
+            (Triton's ``--exit-on-error``); False: serve the others, the index says why.
+        strict_readiness: ready only when every model is (Triton's ``--strict-readiness``);
+            either way, never with no model loaded.
+        max_body: the largest request, in bytes, on either transport.
+
+    >>> plane = DataPlane("models/")  # doctest: +SKIP
+    >>> plane.live()  # doctest: +SKIP
+    {'live': True}
+    """
+
+    def __init__(
+        self,
+        repository: str | Path,
+        *,
+        device: str = "cpu",
+        threads: int | None = None,
+        exit_on_error: bool = True,
+        strict_readiness: bool = True,
+        max_body: int = MAX_BODY,
+    ):
+        self.registry = Registry()
+        self.models = Models(
+            Repository(repository, device=device), self.registry, **({"threads": threads} if threads else {})
+        )
+        self.strict_readiness, self.max_body = strict_readiness, max_body
+        self.in_flight = 0  # infer calls started and not yet answered, both transports
+        self.cancelled = 0  # infer calls cut off before their answer (a stop that timed out)
+        repo = self.models.repository
+        for name in repo.models():
+            with contextlib.suppress(XDeviceError):  # kept in models.failed, logged, and shown in the index
+                self.models.load(name, log_failure=not exit_on_error)  # exiting, the error below names it
+        strays = repo.strays()
+        if exit_on_error and (self.models.failed or strays):
+            raise ConfigurationError(_failures(self.models.failed, strays))
+        for stray in strays:
+            logger.error("%s", stray)
+        if not self.models.loaded:
+            logger.warning("%s", self.models.nothing_served())
+
+    # -- health and metadata ----------------------------------------------------------------
+
+    def live(self) -> dict:
+        """The protocol's liveness body: the process answers, so it is live."""
+        return {"live": True}
+
+    def ready(self) -> tuple[bool, dict]:
+        """Whether the server is ready, and the protocol's body (with why, when it is not)."""
+        why = self.models.unready(self.strict_readiness)
+        return (False, {"ready": False, "error": why}) if why else (True, {"ready": True})
+
+    def model_ready(self, name: str, version: str | None = None) -> dict:
+        """``{"name", "ready"}`` of a loaded model; a model not loaded raises (404, 400 or 503)."""
+        return {"name": name, "ready": self.models.get(name, version).session.ready}
+
+    def server_metadata(self) -> dict:
+        from xdevice import __version__
+
+        return {
+            "name": "xdevice",
+            "version": __version__,
+            "extensions": ["binary_tensor_data", "model_repository", "statistics"],
+        }
+
+    def model_metadata(self, name: str, version: str | None = None) -> dict:
+        return self.models.metadata(name, version)
+
+    def model_config(self, name: str, version: str | None = None) -> dict:
+        """The model's configuration as Triton's ``ModelConfig`` JSON, completed from the model."""
+        loaded = self.models.get(name, version)
+        return triton_config(loaded.config, loaded.session.inputs, loaded.session.outputs)
+
+    def statistics(self, name: str | None = None, version: str | None = None) -> dict:
+        return {"model_stats": self.models.statistics(name or None, version or None)}
+
+    def index(self, ready_only: bool = False) -> list[dict]:
+        return [entry for entry in self.models.index() if not ready_only or entry["state"] == "READY"]
+
+    def metrics(self) -> bytes:
+        return self.registry.render()
+
+    # -- inference --------------------------------------------------------------------------
+
+    async def infer(
+        self,
+        name: str,
+        version: str | None,
+        decode: Callable[[], Awaitable[InferRequest]],
+        encode: Callable[[Loaded, InferRequest, dict], Answer],
+    ) -> Answer:
+        """One inference: ``decode`` the transport's request, check it, run it (batched where
+        the model batches), ``encode`` the outputs; every step counted in the statistics."""
+        start = time.perf_counter()
+        self.in_flight += 1
+        try:
+            loaded = self.models.get(name, version)
+            try:
+                request = await decode()
+            except BadRequest:
+                loaded.stats.request(False, time.perf_counter() - start)
+                raise
+            outputs = await self.models.infer(loaded, request)
+            encoding = time.perf_counter()
+            answer = encode(loaded, request, outputs)
+            self.models.finished(loaded, start, encoding)
+            return answer
+        except asyncio.CancelledError:
+            self.cancelled += 1
+            raise
+        finally:
+            self.in_flight -= 1
+
+    # -- model control ----------------------------------------------------------------------
+
+    async def load(self, name: str, parameters: dict[str, str | bytes] | None = None) -> None:
+        """(Re)load ``name``, with Triton's overrides: ``config`` (the model configuration as
+        JSON, in place of ``config.pbtxt``) and ``file:<version>/model.onnx`` (that version's
+        model bytes; the model's files then come from the overrides alone, and ``config`` is
+        required, as Triton requires it). Any other parameter is refused by name.
+        """
+        parameters = dict(parameters or {})
+        text = parameters.pop("config", None)
+        files = {key: value for key, value in parameters.items() if key.startswith("file:")}
+        for key in parameters:
+            if key not in files:
+                raise BadRequest(
+                    message(
+                        f"Unsupported load parameter {key!r}",
+                        expected="config (the model configuration as JSON) or file:<version>/model.onnx",
+                        received=key,
+                    )
+                )
+        for key, value in files.items():
+            if not _FILE.fullmatch(key):
+                raise BadRequest(
+                    message(
+                        f"Unsupported load parameter {key!r}: xdevice serves one ONNX file per version",
+                        expected="file:<version>/model.onnx (a whole-number version)",
+                        received=key,
+                    )
+                )
+            if not isinstance(value, bytes):
+                raise BadRequest(message(f"Load parameter {key!r} must carry the file's bytes", received=type(value)))
+        if text is not None and not isinstance(text, str):
+            raise BadRequest(message("Load parameter 'config' must be JSON text", received=type(text)))
+        if files and text is None:
+            raise BadRequest(
+                message(
+                    f"Load parameter {next(iter(files))!r} needs a 'config' parameter too (Triton's rule)",
+                    fix='add "config": the model configuration as JSON, e.g. "{}" for the defaults',
+                )
+            )
+        known = self.models.repository.models()
+        if name not in known:
+            raise ModelNotFound(message("Unknown model", received=name, choices=known))
+        if text is None:
+            await self.models.reload(name)
+            return
+        if not files:
+            config = parse_config(text, self.models.repository.root / name, "the load request's 'config'")
+            await self.models.reload(name, config=config)
+            return
+        with tempfile.TemporaryDirectory(prefix="xdevice-load-") as scratch:
+            folder = Path(scratch) / name
+            for key, value in files.items():
+                path = folder / key.removeprefix("file:")
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.write_bytes(value)  # type: ignore[arg-type]  # checked to be bytes above
+            config = parse_config(text, folder, "the load request's 'config'")
+            source = Repository(scratch, device=self.models.repository.device)
+            await self.models.reload(name, config=config, source=source)
+
+    async def unload(self, name: str) -> None:
+        await self.models.retire(self.models.unload(name))
+
+    async def close(self) -> None:
+        """Stop every model; the runs already started finish first."""
+        await self.models.close()
+
+
+def _failures(failed: dict[str, str], strays: list[str]) -> str:
+    """The start-up error: one line per model that failed and per stray file, then the fix."""
+    counts = []
+    if failed:
+        counts.append(f"{len(failed)} model{'s' * (len(failed) > 1)} failed to load")
+    if strays:
+        counts.append(f"{len(strays)} .onnx file{'s' * (len(strays) > 1)} outside a model folder")
+    lines = [f"{' and '.join(counts)}:"]
+    lines += [f"  {name}: {reason}" for name, reason in sorted(failed.items())]
+    lines += [f"  {stray}" for stray in strays]
+    lines.append(
+        "Fix: correct each as its line says, or pass --no-exit-on-error (exit_on_error=False) to serve the others."
+    )
+    return "\n".join(lines)
