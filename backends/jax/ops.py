@@ -441,6 +441,8 @@ class JaxOps(Ops):
         kernel = self.shape(w)[2:]
         if groups > 1 and self.shape(w)[1] == 1 and math.prod(kernel) <= _DEPTHWISE_TAPS:
             y = _depthwise(x, w, stride, pads, dilation, groups)
+        elif groups == 1 and all(k == 1 for k in kernel) and all(p == (0, 0) for p in pads):
+            y = _pointwise(x, w, stride)
         else:  # lax's default dimension numbers are channels first: NC..., OI..., NC...
             y = lax.conv_general_dilated(x, w, stride, pads, rhs_dilation=dilation, feature_group_count=groups)
         return y if b is None else y + jnp.reshape(b, (1, -1) + (1,) * dims)
@@ -504,6 +506,20 @@ class JaxOps(Ops):
 
         h, outputs = lax.scan(step, h, jnp.swapaxes(x, 0, 1))
         return jnp.swapaxes(outputs, 0, 1), h
+
+
+def _pointwise(x: Any, w: Any, stride: tuple) -> Any:
+    """An unpadded 1x1 convolution as a matrix product over channels (of every stride-th pixel).
+
+    XLA's CPU convolutions read the kernel channels-last (``HW..IO``), so an ``OI11`` weight is
+    transposed on every call: for ResNet-50 that is 12M weights of its 1x1 convolutions,
+    ~60 ms of a ~1 s forward at one thread, and its backward convolutions are slower still. A
+    dot reads ``(O, I)`` as it is stored."""
+    if any(s != 1 for s in stride):
+        x = x[(slice(None), slice(None)) + tuple(slice(None, None, s) for s in stride)]
+    w = jnp.reshape(w, jnp.shape(w)[:2])
+    y = lax.dot_general(x, w, (((1,), (1,)), ((), ())))  # (N, *spatial, O)
+    return jnp.moveaxis(y, -1, 1)
 
 
 #: depthwise kernels up to this many taps run as a sum of shifted slices (XLA's CPU grouped
