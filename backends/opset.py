@@ -68,7 +68,18 @@ DTYPES = (
     "bool",
 )
 #: Narrow float and int formats (from ml_dtypes) a backend may also support in ``cast``.
-NARROW_DTYPES = ("float8_e4m3fn", "float8_e4m3fnuz", "float8_e5m2", "float8_e5m2fnuz", "int4", "uint4")
+NARROW_DTYPES = (
+    "float8_e4m3fn",
+    "float8_e4m3fnuz",
+    "float8_e5m2",
+    "float8_e5m2fnuz",
+    "int4",
+    "uint4",
+    "float4_e2m1fn",
+    "float8_e8m0fnu",
+    "int2",
+    "uint2",
+)
 
 
 def numpy_dtype(name: str) -> Any:
@@ -150,3 +161,17 @@ class Ops(OptimizerUpdates, CompositeOps, ControlFlow, RandomNumbers):
         (None: the framework's default). A no-op where arrays follow an outer placement scope
         (numpy, JAX, TensorFlow); torch's sets it, so a model on a GPU makes no tensor on the CPU."""
         return contextlib.nullcontext()
+
+    def bitcast(self, x: Array, dtype: str) -> Array:
+        """``x``'s bits read as ``dtype``, a type of the same width (ONNX's BitCast): float32
+        1.0 is int32 1065353216. Backends override it with their native reinterpretation
+        (numpy's and torch's ``view``); one that has none says so here."""
+        from xdevice._errors import UnsupportedOp, message
+
+        raise UnsupportedOp(
+            message(
+                f"The {getattr(self, 'name', type(self).__name__)} backend cannot reinterpret bits (bitcast)",
+                received=f"a bitcast to {dtype}",
+                fix="run the model on the numpy or torch backend",
+            )
+        )

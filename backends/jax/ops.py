@@ -131,6 +131,12 @@ class JaxOps(Ops):
     def cast(self, x: Array, dtype: str) -> Array:
         return jnp.asarray(x).astype(jax_dtype(dtype))
 
+    def bitcast(self, x: Array, dtype: str) -> Array:
+        x = jnp.asarray(x)
+        if x.dtype == jnp.bool_:  # lax refuses bool; its one byte holds 0 or 1, as uint8 would
+            x = x.astype(jnp.uint8)
+        return lax.bitcast_convert_type(x, jax_dtype(dtype))
+
     def zeros(self, shape: Sequence[int], dtype: str = "float32") -> Array:
         return jnp.zeros(tuple(shape), jax_dtype(dtype))
 

@@ -53,6 +53,9 @@ class NumpyOps(Ops):
         return np.asarray(x).dtype.name
 
     @_ieee
+    def bitcast(self, x, dtype):
+        return np.asarray(x).view(numpy_dtype(dtype))
+
     def cast(self, x, dtype):
         x = np.asarray(x)
         if x.dtype == object and numpy_dtype(dtype).kind in "iu":

@@ -12,6 +12,7 @@ from __future__ import annotations
 import builtins
 import contextlib
 import math
+import operator
 import threading
 from collections.abc import Sequence
 from typing import Any
@@ -21,15 +22,24 @@ import torch
 import torch.nn.functional as F
 
 from xdevice._errors import UnsupportedOp, message
+from xdevice.backends._dtypes import ml_dtype
 from xdevice.backends._shapes import as_tuple, conv_padding, pool_counts, pool_padding
 from xdevice.backends.opset import DTYPES, NARROW_DTYPES, Array, Ops
 from xdevice.backends.torch.placement import host_array
 
 __all__ = ["TorchOps"]
 
-# torch holds the float8 formats; its int4/uint4 are shell dtypes without kernels (even a
-# copy into one fails), so they stay out
-_DTYPES = {name: getattr(torch, name) for name in (*DTYPES, *(n for n in NARROW_DTYPES if n.startswith("float8")))}
+# torch holds the float8 formats. Its int4/uint4/int2/uint2 are shell dtypes without kernels,
+# one value to a byte: a tensor of them holds the bits of an int8/uint8 (``view``), and ``cast``
+# goes through that byte. float4_e2m1fn is held the same way in torch's packed
+# float4_e2m1fn_x2, one value (its low 4 bits) to a byte, as ml_dtypes holds it.
+_NARROW_INT_BYTE = {torch.int4: torch.int8, torch.int2: torch.int8, torch.uint4: torch.uint8, torch.uint2: torch.uint8}
+_FLOAT4 = torch.float4_e2m1fn_x2
+_NARROW_INT_MASK = {torch.int4: 15, torch.uint4: 15, torch.int2: 3, torch.uint2: 3}
+_DTYPES = {name: getattr(torch, name) for name in (*DTYPES, *(n for n in NARROW_DTYPES if n != "float4_e2m1fn"))} | {
+    "float4_e2m1fn": _FLOAT4
+}
+_NAMES = {dtype: name for name, dtype in _DTYPES.items()}
 _CONV = {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}
 _MAX_POOL = {1: F.max_pool1d, 2: F.max_pool2d, 3: F.max_pool3d}
 _AVG_POOL = {1: F.avg_pool1d, 2: F.avg_pool2d, 3: F.avg_pool3d}
@@ -44,7 +54,7 @@ class TorchOps(Ops):
     def asarray(self, x: Any, dtype: str | None = None) -> Array:
         want = _dtype(dtype) if dtype else None
         if isinstance(x, torch.Tensor):
-            return x if want is None or x.dtype == want else x.to(want)
+            return x if dtype is None or x.dtype == want else self.cast(x, dtype)
         if isinstance(x, np.ndarray):
             if not x.flags.writeable:  # torch would share (and could write) read-only memory
                 x = x.copy()
@@ -62,6 +72,9 @@ class TorchOps(Ops):
         return torch.as_tensor(x, dtype=want, device=_new.device)
 
     def to_numpy(self, x: Array) -> Any:
+        if isinstance(x, torch.Tensor) and (x.dtype in _NARROW_INT_BYTE or x.dtype == _FLOAT4):
+            # ml_dtypes holds them one to a byte too, in the low bits
+            return host_array(x.view(torch.uint8), copy=True).view(ml_dtype(_NAMES[x.dtype]))
         return host_array(x, copy=True) if isinstance(x, torch.Tensor) else np.array(x)
 
     def shape(self, x: Array) -> tuple[int, ...]:
@@ -69,10 +82,24 @@ class TorchOps(Ops):
         return tuple(x.shape) if isinstance(x, torch.Tensor) else np.shape(x)
 
     def dtype(self, x: Array) -> str:
-        return str(x.dtype).removeprefix("torch.")
+        return _NAMES.get(x.dtype) or str(x.dtype).removeprefix("torch.")
+
+    def bitcast(self, x: Array, dtype: str) -> Array:
+        return self.asarray(x).view(_dtype(dtype))
 
     def cast(self, x: Array, dtype: str) -> Array:
-        return self.asarray(x, dtype)
+        x, want = self.asarray(x), _dtype(dtype)
+        if x.dtype == want:
+            return x
+        if x.dtype in _NARROW_INT_BYTE:  # the shell dtypes have no kernels: read their byte
+            x = _narrow_int_values(x)
+        elif x.dtype == _FLOAT4:
+            x = _float4_values(x)
+        if want in _NARROW_INT_BYTE:  # C's cast keeps the low bits, as ml_dtypes does
+            return (x.to(torch.int64) & _NARROW_INT_MASK[want]).to(torch.uint8).view(want)
+        if want == _FLOAT4:
+            return _float4_bits(x).view(_FLOAT4)
+        return x.to(want)
 
     # Where a tensor made from nothing goes. The op set's zeros, ones, full, arange and
     # asarray (of host data) take no input to follow, so they make it on the device that
@@ -203,6 +230,8 @@ class TorchOps(Ops):
         return torch.bitwise_not(x)  # logical not for bool
 
     def fmod(self, x: Array, y: Array) -> Array:
+        if _unsigned(x, y):  # unsigned: fmod and mod agree
+            return _unsigned_op("mod", x, y)
         x, y = _tensors(x, y)  # torch.fmod takes no number first
         if x.is_floating_point() or y.is_floating_point():
             return torch.fmod(x, y)
@@ -252,13 +281,13 @@ class TorchOps(Ops):
     # Python operators accept a number on either side (torch.sub(1.0, t) does not), and
     # torch treats such a number as weak, as numpy's NEP 50 does.
     def add(self, x: Array, y: Array) -> Array:
-        return x + y
+        return _unsigned_op("add", x, y) if _unsigned(x, y) else x + y
 
     def subtract(self, x: Array, y: Array) -> Array:
-        return x - y
+        return _unsigned_op("subtract", x, y) if _unsigned(x, y) else x - y
 
     def multiply(self, x: Array, y: Array) -> Array:
-        return x * y
+        return _unsigned_op("multiply", x, y) if _unsigned(x, y) else x * y
 
     def divide(self, x: Array, y: Array) -> Array:
         return x / y
@@ -267,16 +296,16 @@ class TorchOps(Ops):
         return x**y
 
     def maximum(self, x: Array, y: Array) -> Array:
-        return torch.maximum(*_tensors(x, y))
+        return _unsigned_op("maximum", x, y) if _unsigned(x, y) else torch.maximum(*_tensors(x, y))
 
     def minimum(self, x: Array, y: Array) -> Array:
-        return torch.minimum(*_tensors(x, y))
+        return _unsigned_op("minimum", x, y) if _unsigned(x, y) else torch.minimum(*_tensors(x, y))
 
     def mod(self, x: Array, y: Array) -> Array:
-        return x % y  # torch.remainder: the sign of the divisor
+        return _unsigned_op("mod", x, y) if _unsigned(x, y) else x % y  # torch.remainder: the divisor's sign
 
     def floor_divide(self, x: Array, y: Array) -> Array:
-        return x // y
+        return _unsigned_op("floor_divide", x, y) if _unsigned(x, y) else x // y
 
     def logical_and(self, x: Array, y: Array) -> Array:
         return torch.logical_and(*_tensors(x, y))
@@ -297,10 +326,10 @@ class TorchOps(Ops):
         return x ^ y
 
     def left_shift(self, x: Array, y: Array) -> Array:
-        return x << y
+        return _unsigned_op("left_shift", x, y) if _unsigned(x, y) else x << y
 
     def right_shift(self, x: Array, y: Array) -> Array:
-        return x >> y
+        return _unsigned_op("right_shift", x, y) if _unsigned(x, y) else x >> y
 
     def equal(self, x: Array, y: Array) -> Array:
         return x == y
@@ -309,16 +338,16 @@ class TorchOps(Ops):
         return x != y
 
     def less(self, x: Array, y: Array) -> Array:
-        return x < y
+        return _unsigned_op("less", x, y) if _unsigned(x, y) else x < y
 
     def less_equal(self, x: Array, y: Array) -> Array:
-        return x <= y
+        return _unsigned_op("less_equal", x, y) if _unsigned(x, y) else x <= y
 
     def greater(self, x: Array, y: Array) -> Array:
-        return x > y
+        return _unsigned_op("greater", x, y) if _unsigned(x, y) else x > y
 
     def greater_equal(self, x: Array, y: Array) -> Array:
-        return x >= y
+        return _unsigned_op("greater_equal", x, y) if _unsigned(x, y) else x >= y
 
     def where(self, condition: Array, x: Array, y: Array) -> Array:
         condition = self.asarray(condition)
@@ -764,6 +793,120 @@ _new = _NewTensors()
 
 _SCATTER = {"add": "sum", "mul": "prod", "max": "amax", "min": "amin"}
 _SIGNED_TWIN = {torch.uint16: torch.int16, torch.uint32: torch.int32, torch.uint64: torch.int64}
+#: The signed type that holds every value of an unsigned one torch has few kernels for.
+_WIDER_SIGNED = {torch.uint16: torch.int32, torch.uint32: torch.int64}
+_INT_OPS = {
+    "add": operator.add,
+    "subtract": operator.sub,
+    "multiply": operator.mul,
+    "left_shift": operator.lshift,
+    "right_shift": operator.rshift,
+    "less": operator.lt,
+    "less_equal": operator.le,
+    "greater": operator.gt,
+    "greater_equal": operator.ge,
+    "maximum": torch.maximum,
+    "minimum": torch.minimum,
+    "mod": operator.mod,
+    "floor_divide": operator.floordiv,
+}
+_FLOAT4_GRID = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)  # float4_e2m1fn's magnitudes by code
+
+
+def _unsigned(x: Any, y: Any) -> torch.dtype | None:
+    """The dtype of ``x`` or ``y`` when it is uint16/32/64, whose arithmetic, comparison and
+    shift kernels torch lacks ("add_stub not implemented for 'UInt16'"); else None."""
+    for v in (x, y):
+        if isinstance(v, torch.Tensor) and v.dtype in _SIGNED_TWIN:
+            return v.dtype
+    return None
+
+
+def _unsigned_op(name: str, x: Any, y: Any) -> torch.Tensor:
+    """``x <name> y`` for uint16/32/64 operands, computed in signed types and wrapped back:
+    uint16 and uint32 in a wider signed type; uint64 on its int64 bits, where two's complement
+    already gives add, subtract, multiply and left shift, and comparisons, division, modulo and
+    right shift reread the bits as unsigned."""
+    dtype = _unsigned(x, y)
+    assert dtype is not None
+    if dtype in _WIDER_SIGNED:
+        a, b = (v.to(_WIDER_SIGNED[dtype]) if isinstance(v, torch.Tensor) else v for v in (x, y))
+        out = _INT_OPS[name](*_tensors(a, b))
+        return out if out.dtype == torch.bool else out.to(dtype)
+    a, b = (_int64_bits(v, x, y) for v in (x, y))
+    if name in ("add", "subtract", "multiply", "left_shift"):
+        return _INT_OPS[name](a, b).view(dtype)
+    if name in ("less", "less_equal", "greater", "greater_equal"):
+        return _INT_OPS[name](a ^ _SIGN_BIT, b ^ _SIGN_BIT)  # flipping the sign bit orders them unsigned
+    if name in ("maximum", "minimum"):
+        first = (a ^ _SIGN_BIT > b ^ _SIGN_BIT) == (name == "maximum")
+        return torch.where(first, a, b).view(dtype)
+    if name == "right_shift":
+        return _logical_right_shift(a, b).view(dtype)
+    quotient = _unsigned_divide(a, b)
+    return (quotient if name == "floor_divide" else a - quotient * b).view(dtype)
+
+
+_SIGN_BIT = -(2**63)
+
+
+def _int64_bits(v: Any, x: Any, y: Any) -> torch.Tensor:
+    """A uint64 operand (a tensor, or a Python number) as int64 with the same 64 bits."""
+    if isinstance(v, torch.Tensor):
+        return v.view(torch.int64) if v.dtype == torch.uint64 else v.to(torch.int64)
+    device = (x if isinstance(x, torch.Tensor) else y).device
+    return torch.as_tensor(int(v) - 2**64 if int(v) >= 2**63 else int(v), dtype=torch.int64, device=device)
+
+
+def _logical_right_shift(a: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
+    """``a >> s`` filling with zeros, on int64 bits (torch shifts int64 arithmetically)."""
+    shifted = (a >> s) & ((1 << (64 - s.clamp(min=1))) - 1)  # keeps the 64 - s low bits
+    return torch.where(s == 0, a, shifted)
+
+
+def _unsigned_divide(n: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
+    """``n // d`` of uint64 values held as int64 bits, with signed operations (Hacker's
+    Delight 9-3): halve ``n`` so it is non-negative, divide, double, and correct by one; a
+    divisor of 2**63 or more goes at most once. Division by zero gives 0, as numpy's does."""
+    n, d = torch.broadcast_tensors(n, d)
+    big, zero = d < 0, d == 0
+    safe = torch.where(big | zero, 1, d)
+    quotient = ((_logical_right_shift(n, torch.ones_like(n)) // safe) << 1).where(~(big | zero), 0)
+    remainder = n - quotient * safe
+    quotient = quotient + (remainder ^ _SIGN_BIT >= safe ^ _SIGN_BIT).long()
+    at_most_once = (n ^ _SIGN_BIT >= d ^ _SIGN_BIT).long()
+    return torch.where(zero, 0, torch.where(big, at_most_once, quotient))
+
+
+def _narrow_int_values(x: torch.Tensor) -> torch.Tensor:
+    """The int8/uint8 values of int4/uint4/int2/uint2 held one to a byte in its low bits (the
+    layout ml_dtypes uses: int4's -1 is the byte 0x0F), sign-extended for the signed ones."""
+    mask = _NARROW_INT_MASK[x.dtype]
+    low = x.view(torch.uint8).to(torch.int16) & mask
+    if _NARROW_INT_BYTE[x.dtype] == torch.int8:
+        low = torch.where(low > mask // 2, low - (mask + 1), low)
+    return low.to(_NARROW_INT_BYTE[x.dtype])
+
+
+def _float4_values(bits: torch.Tensor) -> torch.Tensor:
+    """float32 values of float4_e2m1fn codes held one to a byte."""
+    code = bits.view(torch.uint8).to(torch.int64) & 15
+    grid = torch.tensor(_FLOAT4_GRID, device=bits.device)
+    return torch.where(code >= 8, -grid[code & 7], grid[code & 7])
+
+
+def _float4_bits(x: torch.Tensor) -> torch.Tensor:
+    """float4_e2m1fn codes (uint8) of ``x``, rounded to nearest even and saturated to +-6 as
+    ml_dtypes does (NaN becomes -0, as there)."""
+    x = x.to(torch.float32)
+    magnitude = x.abs().clamp(max=6.0)
+    # the grid's spacing is 0.5 below 2, 1 below 4, then 2; round() ties to even, which on
+    # this grid is the even code
+    step = torch.where(magnitude < 2, 0.5, torch.where(magnitude < 4, 1.0, 2.0))
+    rounded = torch.where(x.isnan(), 0.0, torch.round(magnitude / step) * step)
+    code = torch.bucketize(rounded, torch.tensor(_FLOAT4_GRID, device=x.device))
+    negative = (x < 0) | torch.signbit(x) | x.isnan()
+    return (code + torch.where(negative, 8, 0)).to(torch.uint8)
 
 
 class _BatchStats(torch.autograd.Function):

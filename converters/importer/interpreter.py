@@ -66,6 +66,10 @@ ONNX_DTYPES = {
     20: "float8_e5m2fnuz",
     21: "uint4",
     22: "int4",
+    23: "float4_e2m1fn",
+    24: "float8_e8m0fnu",
+    25: "uint2",
+    26: "int2",
 }
 _RANDOM = ("RandomNormal", "RandomNormalLike", "RandomUniform", "RandomUniformLike", "Bernoulli", "Multinomial")
 #: ops whose static output depends on their input's shape alone, not its values

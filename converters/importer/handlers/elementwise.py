@@ -10,6 +10,7 @@ import math
 
 import numpy as np
 
+from xdevice._errors import UnsupportedOp, message
 from xdevice.backends.opset import numpy_dtype
 from xdevice.converters.importer.interpreter import onnx_dtype
 from xdevice.converters.importer.registry import handler
@@ -314,7 +315,7 @@ def shrink(ctx, node, x):
 # -- types ------------------------------------------------------------------------------------
 
 
-def _cast(ctx, x, to: str, saturate: int = 1):
+def _cast(ctx, x, to: str, saturate: int = 1, round_mode: str = "up"):
     ops = ctx.ops
     if (
         isinstance(x, np.ndarray)
@@ -325,13 +326,99 @@ def _cast(ctx, x, to: str, saturate: int = 1):
         return x  # sizes, some symbolic (a traced shape): integers already, and kept symbolic
     if isinstance(x, np.ndarray) and (to == "string" or x.dtype.kind in "OSU"):
         return _cast_strings(x, to)  # strings exist only as static numpy values
-    if to.startswith("float8") and saturate and ops.dtype(x) in ("float16", "bfloat16", "float32", "float64"):
-        limit = _FLOAT8_MAX[to]  # saturate: clamp finite values to the format's range
-        x = ops.where(ops.isinf(x), x, ops.clip(x, -limit, limit))
+    source = ops.dtype(x)
+    if source in _NARROW_INTS:  # widened first: the backends need not compute in 2 or 4 bits
+        x = ops.cast(x, _NARROW_INTS[source][1])
+        source = ops.dtype(x)
+    if to in _NARROW_INTS:
+        return _wrap_narrow_int(ctx, x, to)
+    if to in _FLOAT8_LIMITS and source in _FLOATS:
+        x = _float8_range(ctx, x, to, saturate)
+    if to == "float8_e8m0fnu" and source != to:
+        x = _power_of_two(ctx, x, saturate, round_mode)
     return ops.cast(x, to)
 
 
-_FLOAT8_MAX = {"float8_e4m3fn": 448.0, "float8_e4m3fnuz": 240.0, "float8_e5m2": 57344.0, "float8_e5m2fnuz": 57344.0}
+#: The narrow integers by width and the byte-wide type that holds every value of each.
+_NARROW_INTS = {"int4": (4, "int8"), "uint4": (4, "uint8"), "int2": (2, "int8"), "uint2": (2, "uint8")}
+_FLOATS = ("float16", "bfloat16", "float32", "float64")
+#: Each float8 format's largest finite value; the halfway point to the next step, where
+#: round-to-nearest-even overflows ("above" it where the largest value's mantissa is even and
+#: keeps the tie, "from" it where it is odd); what an overflow becomes without ``saturate``.
+_FLOAT8_LIMITS = {
+    "float8_e4m3fn": (448.0, 464.0, "above", math.nan),
+    "float8_e4m3fnuz": (240.0, 248.0, "from", math.nan),
+    "float8_e5m2": (57344.0, 61440.0, "from", math.inf),
+    "float8_e5m2fnuz": (57344.0, 61440.0, "from", math.nan),
+}
+
+
+def _wrap_narrow_int(ctx, x, to: str):
+    """``x`` cast to a 2- or 4-bit integer as ONNX's reference does (C's cast: floats
+    truncate toward zero, NaN and infinities give 0, the low bits are kept), computed in
+    int64 and handed to the backend in range, so no backend needs arithmetic in ``to``."""
+    ops = ctx.ops
+    bits, wide = _NARROW_INTS[to]
+    if ops.dtype(x) in _FLOATS:
+        finite = ops.logical_not(ops.logical_or(ops.isnan(x), ops.isinf(x)))
+        x = ops.where(finite, ops.where(ops.less(x, 0), ops.ceil(x), ops.floor(x)), 0)
+    low_bits = ops.mod(ops.cast(x, "int64"), 2**bits)  # floor-mod: two's complement's low bits
+    if wide == "int8":  # sign-extend the top bit
+        low_bits = ops.where(ops.greater_equal(low_bits, 2 ** (bits - 1)), ops.subtract(low_bits, 2**bits), low_bits)
+    return ops.cast(ops.cast(low_bits, wide), to)
+
+
+def _float8_range(ctx, x, to: str, saturate: int):
+    """``x`` with what lies beyond a float8 format's range settled before the backend's
+    round-to-nearest-even cast: with ``saturate`` clamped to the largest finite value
+    (infinities too), without it NaN (or infinity for e5m2) where rounding overflows, since
+    frameworks differ there (torch saturates e4m3fn even when ONNX asks for NaN)."""
+    ops = ctx.ops
+    largest, overflow, side, becomes = _FLOAT8_LIMITS[to]
+    if saturate:
+        return ops.clip(x, -largest, largest)
+    if ops.dtype(x) in ("float16", "bfloat16"):
+        x = ops.cast(x, "float32")  # holds the overflow value (e5m2's 61440 is past float16's grid)
+    too_big = (ops.greater if side == "above" else ops.greater_equal)(ops.abs(x), overflow)
+    if math.isinf(becomes):
+        return ops.where(too_big, ops.where(ops.less(x, 0), -math.inf, math.inf), x)
+    return ops.where(too_big, math.nan, x)
+
+
+def _power_of_two(ctx, x, saturate: int, round_mode: str):
+    """``x`` (read as float32) rounded to the power of two float8_e8m0fnu holds, as float32,
+    by ONNX's reference (``onnx.numpy_helper.to_float8e8m0``): its sign is dropped, NaN and
+    infinities become NaN, ``round_mode`` "up" goes to the next power when any fraction is
+    left, "down" drops it, "nearest" rounds half up; ``saturate`` stops at 2**127 rather
+    than overflowing to NaN. The exponent is found in float64 from a logarithm, then made
+    exact by comparing with powers of two."""
+    ops = ctx.ops
+    if round_mode not in ("up", "down", "nearest"):
+        raise UnsupportedOp(message("Unknown Cast round_mode", received=round_mode, choices=["up", "down", "nearest"]))
+    x = ops.cast(ops.cast(x, "float32"), "float64")
+    special = ops.logical_or(ops.isnan(x), ops.isinf(x))
+    size = ops.where(special, 1.0, ops.abs(x))
+    smallest_normal = 2.0**-126
+    normal = ops.greater_equal(size, smallest_normal)
+    clamped = ops.maximum(size, smallest_normal)
+    power = ops.floor(ops.divide(ops.log(clamped), math.log(2.0)))
+    power = ops.where(ops.greater(ops.power(2.0, power), clamped), ops.subtract(power, 1.0), power)
+    power = ops.where(ops.less_equal(ops.power(2.0, ops.add(power, 1.0)), clamped), ops.add(power, 1.0), power)
+    exponent = ops.where(normal, ops.add(power, 127.0), 0.0)  # the 8-bit field; 0 is 2**-127
+    if round_mode == "up":
+        step = ops.where(normal, ops.not_equal(size, ops.power(2.0, power)), ops.greater(size, 0.0))
+    elif round_mode == "nearest":  # half or more of the next power's step (below normals: more)
+        half = ops.where(normal, ops.multiply(ops.power(2.0, power), 1.5), 2.0**-127)
+        step = ops.where(normal, ops.greater_equal(size, half), ops.greater(size, half))
+    else:
+        step = ops.less(size, 0.0)  # never
+    if saturate:
+        step = ops.logical_and(step, ops.less(exponent, 254.0))
+    exponent = ops.add(exponent, ops.cast(step, "float64"))
+    nan = ops.logical_or(special, ops.greater(exponent, 254.0))
+    # 2**-127 is subnormal in float32, and XLA's arithmetic flushes it to 0: chosen, not computed
+    value = ops.cast(ops.power(2.0, ops.subtract(ops.maximum(exponent, 1.0), 127.0)), "float32")
+    return ops.where(nan, math.nan, ops.where(ops.equal(exponent, 0.0), 2.0**-127, value))
 
 
 def _cast_strings(x: np.ndarray, to: str) -> np.ndarray:
@@ -352,7 +439,16 @@ def _format_number(value) -> str:
 
 @handler("Cast", since=6)
 def cast(ctx, node, x):
-    return _cast(ctx, x, onnx_dtype(node.attr("to")), node.attr("saturate", 1))
+    return _cast(ctx, x, onnx_dtype(node.attr("to")), node.attr("saturate", 1), node.attr("round_mode", "up"))
+
+
+@handler("BitCast", since=26)
+def bitcast(ctx, node, x):
+    """The same bits read as another type of the same width (float32 1.0 is int32 1065353216)."""
+    to = onnx_dtype(node.attr("to"))
+    if isinstance(x, np.ndarray):  # known while the graph is built: numpy reinterprets it
+        return x.view(numpy_dtype(to))
+    return ctx.ops.bitcast(x, to)
 
 
 @handler("CastLike", since=15)
@@ -363,4 +459,5 @@ def cast_like(ctx, node, x, like):
         x,
         "string" if target or (isinstance(like, np.ndarray) and like.dtype.kind == "O") else ctx.ops.dtype(like),
         node.attr("saturate", 1),
+        node.attr("round_mode", "up"),
     )
