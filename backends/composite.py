@@ -151,6 +151,21 @@ class CompositeOps(Primitives):
             scores = self.where(mask, scores, masked_score(self.dtype(scores)))
         return self.matmul(self.softmax(scores, axis=-1), v)
 
+    def write_slots(self, x: Array, update: Array, start: Any, axis: int) -> Array:
+        """``x`` with ``update`` written at ``start .. start + n - 1`` along ``axis`` (``n``:
+        ``update``'s size there; ``start + n`` within ``x``): a key/value cache's write.
+        ``start`` may be an array (a compiled step's argument). Here a select over every slot;
+        backends override it with their in-place-style update (torch's ``index_copy``, JAX's
+        ``dynamic_update_slice``), which reads and writes ``x`` once."""
+        length, n = self.shape(x)[axis], self.shape(update)[axis]
+        offset = self.subtract(self.arange(length), self.cast(start, "int32"))
+        inside = self.logical_and(self.greater_equal(offset, 0), self.less(offset, n))
+        along = [1] * len(self.shape(x))
+        along[axis] = length
+        if n != 1:  # slot s takes update[s - start]
+            update = self.take(update, self.clip(offset, 0, n - 1), axis=axis)
+        return self.where(self.reshape(inside, tuple(along)), update, x)
+
     def checkpoint(self, fn: Callable[..., Any], *args: Array) -> Any:
         """``fn(*args)``, with ``fn``'s activations recomputed in the backward pass instead of
         kept (gradient checkpointing, "remat"): less memory for one more forward of ``fn``.

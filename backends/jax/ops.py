@@ -214,6 +214,10 @@ class JaxOps(Ops):
     greater = _binary(jnp.greater)
     greater_equal = _binary(jnp.greater_equal)
 
+    def write_slots(self, x: Array, update: Array, start: Any, axis: int) -> Array:
+        start = jnp.asarray(start, jnp.int32)
+        return lax.dynamic_update_slice_in_dim(x, jnp.asarray(update, x.dtype), start, axis % jnp.ndim(x))
+
     def where(self, condition: Array, x: Array, y: Array) -> Array:
         return jnp.where(condition, *_nep50(x, y))
 

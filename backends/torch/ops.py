@@ -349,6 +349,11 @@ class TorchOps(Ops):
     def greater_equal(self, x: Array, y: Array) -> Array:
         return _unsigned_op("greater_equal", x, y) if _unsigned(x, y) else x >= y
 
+    def write_slots(self, x: Array, update: Array, start: Any, axis: int) -> Array:
+        n = update.shape[axis]
+        start = torch.as_tensor(start, device=x.device).to(torch.int64)
+        return x.index_copy(axis, start + torch.arange(n, device=x.device), update.to(x.dtype))
+
     def where(self, condition: Array, x: Array, y: Array) -> Array:
         condition = self.asarray(condition)
         return torch.where(condition if condition.dtype == torch.bool else condition != 0, x, y)

@@ -283,6 +283,19 @@ case("layer_norm", "layer_norm", normal(2, 3, 6), normal(6), normal(6), grad=[0,
 case("layer_norm-two-axes", "layer_norm", normal(2, 3, 4), normal(3, 4), normal(3, 4), grad=[0, 1, 2], axis=-2)
 case("batch_norm", "batch_norm", normal(4, 3, 5, 5), normal(3), normal(3), normal(3), positive(3), grad=[0, 1, 2])
 case("batch_norm_train", "batch_norm_train", normal(4, 3, 5, 5), normal(3), normal(3), grad=[0, 1, 2])
+case(
+    "write_slots-one", "write_slots", normal(2, 3, 7, 4), normal(2, 3, 1, 4), lambda rng: np.array(5, np.int32), axis=2
+)
+case(
+    "write_slots-several",
+    "write_slots",
+    normal(2, 3, 7, 4),
+    normal(2, 3, 3, 4),
+    lambda rng: np.array(2, np.int32),
+    grad=[0, 1],
+    axis=2,
+)
+case("write_slots-start-int", "write_slots", normal(5, 6), normal(2, 6), lambda rng: 3, grad=[0, 1], axis=0)
 case("attention", "attention", normal(2, 2, 5, 4), normal(2, 2, 6, 4), normal(2, 2, 6, 3), grad=[0, 1, 2])
 case(
     "attention-mask",

@@ -18,7 +18,7 @@ heads, head size)``.
 
 The cache has a static shape. ``generate`` allocates it once at its full length (prompt plus
 ``max_new_tokens``) and a step writes its keys and values at a position that is an array, not
-a Python number (``where(slot == index, new, cache)``), so under ``jax.jit`` and
+a Python number (``ops.write_slots``: ``index_copy``, ``dynamic_update_slice``), so under ``jax.jit`` and
 ``tf.function`` one function, compiled once for the prompt's shape and once for the one-token
 steps, serves the whole generation: a step never recompiles (``compiled(model).traces``
 counts the traces). Slots not written yet are never attended: causality hides every slot
@@ -67,7 +67,6 @@ class Decoder:
         self.tokens = tokens = ops.shape(x)[1]
         self.positions = positions  # None: 0 .. tokens - 1
         self.updated: dict[str, list] = {"keys": [], "values": []}
-        self._slots: tuple[Any, Any] | None = None  # where this step writes in the cache (_write)
         if cache is None:
             rows = ops.arange(tokens)
             # expand_dims, not reshape: the token count may be a symbolic axis while exporting
@@ -128,18 +127,9 @@ class Decoder:
 
     def _write(self, cache: Any, new: Any) -> Any:
         """``cache`` ``(rows, heads, length, d)`` with ``new`` ``(rows, heads, tokens, d)`` in
-        slots ``index .. index + tokens - 1``: a select over every slot, so the index may be
-        an array the compiled step takes as an argument."""
-        ops = self.ops
-        if self._slots is None:  # the same slots for every layer's keys and values: made once a step
-            length = ops.shape(cache)[2]
-            offset = ops.subtract(ops.arange(length), ops.cast(self.cache["index"], "int32"))
-            inside = ops.logical_and(ops.greater_equal(offset, 0), ops.less(offset, self.tokens))
-            self._slots = ops.reshape(inside, (1, 1, length, 1)), ops.clip(offset, 0, self.tokens - 1)
-        inside, source = self._slots
-        if self.tokens != 1:  # slot s takes new[s - index]
-            new = ops.take(new, source, axis=2)
-        return ops.where(inside, new, cache)
+        slots ``index .. index + tokens - 1`` (the index may be an array the compiled step takes
+        as an argument)."""
+        return self.ops.write_slots(cache, new, self.cache["index"], axis=2)
 
 
 def new_cache(ops: Any, layout: tuple[int, int, int], rows: int, length: int, dtype: str) -> dict[str, Any]:
