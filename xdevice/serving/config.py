@@ -82,6 +82,7 @@ class TensorConfig:
     dtype: str
     dims: tuple[int, ...]
     optional: bool = False
+    labels: tuple[str, ...] = ()  # an output's class labels, from its label_filename
 
 
 @dataclasses.dataclass(frozen=True)
@@ -207,7 +208,7 @@ def _read(proto: Any, model_dir: Path, source: str, text: str) -> ModelConfig:
     _instances(config, proto.instance_group, refuse)
     _versions(config, proto.version_policy, refuse)
     config.inputs = tuple(_tensor(t, "input", refuse) for t in proto.input)
-    config.outputs = tuple(_tensor(t, "output", refuse) for t in proto.output)
+    config.outputs = tuple(_tensor(t, "output", refuse, model_dir) for t in proto.output)
     config.warmup = tuple(_warmup(w, model_dir, refuse) for w in proto.model_warmup)
     config.vocab_size = _parameters(proto.parameters, refuse)
     return config
@@ -314,10 +315,30 @@ def _versions(config: ModelConfig, policy: Any, refuse) -> None:
         config.version_policy = ("latest", policy.latest.num_versions or 1)
 
 
-def _tensor(tensor: Any, role: str, refuse) -> TensorConfig:
+def _tensor(tensor: Any, role: str, refuse, model_dir: Path | None = None) -> TensorConfig:
     from tritonclient.grpc import model_config_pb2
 
-    for field in ("reshape", "is_shape_tensor", "allow_ragged_batch", "label_filename", "is_non_linear_format_io"):
+    labels: tuple[str, ...] = ()
+    if model_dir is not None and tensor.label_filename:  # an output's labels (classification)
+        from xdevice.serving.classification import read_labels
+
+        path = model_dir / tensor.label_filename
+        if not path.resolve().is_relative_to(model_dir.resolve()):  # a load override may not read elsewhere
+            raise refuse(
+                "label_filename",
+                f"{role} {tensor.name!r}: label_filename must name a file in the model's folder",
+                received=tensor.label_filename,
+            )
+        try:
+            labels = read_labels(path)
+        except OSError as error:
+            raise refuse(
+                "label_filename",
+                f"{role} {tensor.name!r}: cannot read its label_filename",
+                received=f"{model_dir / tensor.label_filename}: {error.strerror}",
+                fix="put the labels file (one label per line) in the model's folder",
+            ) from None
+    for field in ("reshape", "is_shape_tensor", "allow_ragged_batch", "is_non_linear_format_io"):
         if field in {f.name for f, _ in tensor.ListFields()}:
             raise refuse(
                 field, f"{role} {tensor.name!r}: {field} is not supported by xdevice serve", fix=f"remove {field}"
@@ -331,7 +352,7 @@ def _tensor(tensor: Any, role: str, refuse) -> TensorConfig:
             choices=list(TRITON_TYPES),
         )
     return TensorConfig(
-        tensor.name, TRITON_TYPES[type_name], tuple(tensor.dims), bool(getattr(tensor, "optional", False))
+        tensor.name, TRITON_TYPES[type_name], tuple(tensor.dims), bool(getattr(tensor, "optional", False)), labels
     )
 
 

@@ -4,7 +4,9 @@
 ``protocol/dataplane.py``): liveness and readiness (of the server and of each model),
 metadata, configuration, statistics, the repository index, model control (load with
 Triton's ``config`` and ``file:`` overrides, unload), inference (check, batch, run, count)
-and the error table that turns an exception into an HTTP status and a gRPC code. The HTTP
+Triton's extensions a client reaches for (classification, system shared memory, the log
+and trace settings), and the error table that turns an exception into an HTTP status and a
+gRPC code. The HTTP
 endpoints (``server.py``) and the gRPC servicer (``grpc_service.py``) only translate their
 transport to and from these calls; the models themselves are the model table
 (:class:`~xdevice.serving.models.Models`).
@@ -22,12 +24,17 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TypeVar
 
+import numpy as np
+
 from xdevice._errors import ConfigurationError, XDeviceError, message
+from xdevice.serving.classification import classify
 from xdevice.serving.config import parse_config
 from xdevice.serving.metrics import Registry
 from xdevice.serving.models import Loaded, Models
-from xdevice.serving.protocol import BadRequest, InferRequest
+from xdevice.serving.protocol import BadRequest, InferRequest, encode_bytes
 from xdevice.serving.repository import ModelNotFound, Repository, triton_config
+from xdevice.serving.settings import LogSettings, TraceSettings
+from xdevice.serving.shared_memory import SystemSharedMemory, refuse_cuda
 
 __all__ = ["DataPlane", "GRPC_CODES", "error_status", "MAX_BODY"]
 
@@ -41,6 +48,7 @@ GRPC_CODES = {
     404: "NOT_FOUND",
     408: "DEADLINE_EXCEEDED",
     413: "RESOURCE_EXHAUSTED",
+    415: "INVALID_ARGUMENT",
     500: "INTERNAL",
     503: "UNAVAILABLE",
 }
@@ -104,6 +112,9 @@ class DataPlane:
         self.strict_readiness, self.max_body = strict_readiness, max_body
         self.in_flight = 0  # infer calls started and not yet answered, both transports
         self.cancelled = 0  # infer calls cut off before their answer (a stop that timed out)
+        self.shared_memory = SystemSharedMemory()
+        self.log_settings = LogSettings(logger)
+        self.trace_settings = TraceSettings()
         repo = self.models.repository
         for name in repo.models():
             with contextlib.suppress(XDeviceError):  # kept in models.failed, logged, and shown in the index
@@ -137,7 +148,16 @@ class DataPlane:
         return {
             "name": "xdevice",
             "version": __version__,
-            "extensions": ["binary_tensor_data", "model_repository", "statistics"],
+            "extensions": [
+                "classification",
+                "binary_tensor_data",
+                "model_repository",
+                "model_configuration",
+                "system_shared_memory",
+                "statistics",
+                "trace",
+                "logging",
+            ],
         }
 
     def model_metadata(self, name: str, version: str | None = None) -> dict:
@@ -174,11 +194,19 @@ class DataPlane:
             loaded = self.models.get(name, version)
             try:
                 request = await decode()
+                for input_name, (region, shape) in request.input_regions.items():
+                    datatype = request.datatypes[input_name]
+                    request.inputs[input_name] = self.shared_memory.read(input_name, region, datatype, shape)
             except BadRequest:
                 loaded.stats.request(False, time.perf_counter() - start)
                 raise
             outputs = await self.models.infer(loaded, request)
             encoding = time.perf_counter()
+            try:
+                outputs = self._deliver(loaded, request, outputs)
+            except BadRequest:
+                loaded.stats.request(False, time.perf_counter() - start)
+                raise
             answer = encode(loaded, request, outputs)
             self.models.finished(loaded, start, encoding)
             return answer
@@ -187,6 +215,49 @@ class DataPlane:
             raise
         finally:
             self.in_flight -= 1
+
+    def _deliver(self, loaded: Loaded, request: InferRequest, outputs: dict) -> dict:
+        """The outputs as the request asked for them: classified (``class_count``), or
+        written to their shared-memory region (the encoders then name the region)."""
+        labels = {tensor.name: tensor.labels for tensor in loaded.config.outputs}
+        delivered = dict(outputs)
+        for name, options in request.output_options.items():
+            if options.class_count:
+                batched = loaded.config.max_batch_size > 0
+                delivered[name] = classify(name, outputs[name], options.class_count, labels.get(name, ()), batched)
+            elif options.region is not None:
+                value = outputs[name]
+                data = encode_bytes(value) if value.dtype.kind in "OSU" else np.ascontiguousarray(value).tobytes()
+                self.shared_memory.write(name, options.region, data)
+        return delivered
+
+    # -- Triton's extensions: shared memory, log and trace settings --------------------------
+
+    def register_system_memory(self, name: str, key: str, offset: int = 0, byte_size: int = 0) -> None:
+        self.shared_memory.register(name, key, offset, byte_size)
+
+    def system_memory_status(self, name: str | None = None) -> list[dict]:
+        return self.shared_memory.status(name or None)
+
+    def unregister_system_memory(self, name: str | None = None) -> None:
+        self.shared_memory.unregister(name or None)
+
+    def register_cuda_memory(self, name: str) -> None:
+        """Refused, by name: xdevice serve maps no CUDA memory (on a CPU server there is none)."""
+        gpu = any(m.session.device.kind == "gpu" for versions in self.models.loaded.values() for m in versions.values())
+        raise refuse_cuda(name, gpu)
+
+    def log(self, changes: dict | None = None) -> dict:
+        """The log settings, after applying ``changes`` (Triton's logging extension)."""
+        return self.log_settings.update(changes) if changes else self.log_settings.get()
+
+    def trace(self, changes: dict | None = None, model: str | None = None) -> dict:
+        """The trace settings (server-wide, or as ``model`` sees them), after ``changes``."""
+        if model:
+            known = self.models.repository.models()
+            if model not in known:
+                raise ModelNotFound(message("Unknown model", received=model, choices=known))
+        return self.trace_settings.update(changes, model) if changes else self.trace_settings.get(model)
 
     # -- model control ----------------------------------------------------------------------
 
@@ -252,8 +323,10 @@ class DataPlane:
         await self.models.retire(self.models.unload(name))
 
     async def close(self) -> None:
-        """Stop every model; the runs already started finish first."""
+        """Stop every model; the runs already started finish first. Unmaps shared memory."""
         await self.models.close()
+        self.shared_memory.close()
+        self.log_settings.close()
 
 
 def _failures(failed: dict[str, str], strays: list[str]) -> str:

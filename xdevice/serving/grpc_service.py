@@ -4,8 +4,9 @@ The messages and the service are the ones ``tritonclient[grpc]`` ships (``servic
 ``service_pb2_grpc``), so an unmodified ``tritonclient.grpc`` client, or KServe's, talks to
 it. It runs on the HTTP server's event loop, a thin translator over the same
 :class:`~xdevice.serving.dataplane.DataPlane` as HTTP: the same models, batcher, checks,
-statistics, model control and errors (the data plane's table gives each failure its gRPC
-code); streaming, shared memory, tracing and log settings answer ``UNIMPLEMENTED``.
+statistics, model control, classification, system shared memory, log and trace settings
+and errors (the data plane's table gives each failure its gRPC code); streaming answers
+``UNIMPLEMENTED``.
 """
 
 from __future__ import annotations
@@ -21,7 +22,9 @@ from xdevice.serving.protocol import (
     BadRequest,
     InferRequest,
     encode_bytes,
+    input_region,
     numpy_dtype,
+    output_options,
     tensor_from_bytes,
     v2_datatype,
 )
@@ -155,7 +158,67 @@ def _service(plane: DataPlane) -> Any:
 
             return await plane.infer(request.model_name, request.model_version, decode, encode)
 
+        @handled
+        async def LogSettings(self, request, context):
+            changes = {key: _parameter(value) for key, value in request.settings.items()}
+            settings = plane.log(changes)
+            value = service_pb2.LogSettingsResponse.SettingValue
+            return service_pb2.LogSettingsResponse(settings={key: _log_value(value, v) for key, v in settings.items()})
+
+        @handled
+        async def TraceSetting(self, request, context):
+            changes = {key: list(value.value) or None for key, value in request.settings.items()}
+            changes = {k: v[0] if v and k != "trace_level" else v for k, v in changes.items()}
+            settings = plane.trace(changes, request.model_name or None)
+            value = service_pb2.TraceSettingResponse.SettingValue
+            return service_pb2.TraceSettingResponse(
+                settings={key: value(value=v if isinstance(v, list) else [v]) for key, v in settings.items()}
+            )
+
+        @handled
+        async def SystemSharedMemoryRegister(self, request, context):
+            plane.register_system_memory(request.name, request.key, request.offset, request.byte_size)
+            return service_pb2.SystemSharedMemoryRegisterResponse()
+
+        @handled
+        async def SystemSharedMemoryStatus(self, request, context):
+            region = service_pb2.SystemSharedMemoryStatusResponse.RegionStatus
+            found = plane.system_memory_status(request.name)
+            return service_pb2.SystemSharedMemoryStatusResponse(regions={r["name"]: region(**r) for r in found})
+
+        @handled
+        async def SystemSharedMemoryUnregister(self, request, context):
+            plane.unregister_system_memory(request.name)
+            return service_pb2.SystemSharedMemoryUnregisterResponse()
+
+        @handled
+        async def CudaSharedMemoryRegister(self, request, context):
+            plane.register_cuda_memory(request.name)
+
+        @handled
+        async def CudaSharedMemoryStatus(self, request, context):
+            return service_pb2.CudaSharedMemoryStatusResponse()  # none can be registered
+
+        @handled
+        async def CudaSharedMemoryUnregister(self, request, context):
+            return service_pb2.CudaSharedMemoryUnregisterResponse()
+
     return Service()
+
+
+def _parameter(value: Any) -> Any:
+    """The value a protobuf ``oneof parameter_choice`` carries (None when it carries none)."""
+    which = value.WhichOneof("parameter_choice")
+    return getattr(value, which) if which else None
+
+
+def _log_value(kind: Any, value: Any) -> Any:
+    """A log setting as the response's ``SettingValue``: flags as bools, the level as a uint."""
+    if isinstance(value, bool):
+        return kind(bool_param=value)
+    if isinstance(value, int):
+        return kind(uint32_param=value)
+    return kind(string_param=str(value))
 
 
 def _parameters(parameters: Any) -> dict[str, Any]:
@@ -171,16 +234,18 @@ def _parameters(parameters: Any) -> dict[str, Any]:
 def _request(request: Any) -> InferRequest:
     """A ``ModelInferRequest`` as the protocol-neutral request (raw or typed contents)."""
     raw = list(request.raw_input_contents)
-    if raw and len(raw) != len(request.inputs):
+    regions = {t.name: input_region(t.name, _parameters(t.parameters)) for t in request.inputs}
+    inline = [t for t in request.inputs if regions[t.name] is None]
+    if raw and len(raw) != len(inline):
         raise BadRequest(
             message(
-                "raw_input_contents must hold one entry per input",
-                expected=f"{len(request.inputs)} entries",
+                "raw_input_contents must hold one entry per input not in shared memory",
+                expected=f"{len(inline)} entries",
                 received=len(raw),
             )
         )
-    inputs, datatypes = {}, {}
-    for i, tensor in enumerate(request.inputs):
+    inputs, datatypes, in_regions = {}, {}, {}
+    for tensor in request.inputs:
         name, datatype, shape = tensor.name, tensor.datatype, tuple(tensor.shape)
         if datatype not in FROM_V2:
             raise BadRequest(
@@ -190,15 +255,20 @@ def _request(request: Any) -> InferRequest:
             raise BadRequest(
                 message(f"Input {name!r} has a bad shape", expected="non-negative dims", received=list(shape))
             )
+        datatypes[name] = datatype
+        region = regions[name]
+        if region is not None:
+            in_regions[name] = (region, shape)
+            continue
         inputs[name] = (
-            tensor_from_bytes(name, raw[i], datatype, shape, "raw_input_contents")
+            tensor_from_bytes(name, raw[inline.index(tensor)], datatype, shape, "raw_input_contents")
             if raw
             else _typed(name, tensor.contents, datatype, shape)
         )
-        datatypes[name] = datatype
     parameters = _parameters(request.parameters)
     outputs = [(o.name, True) for o in request.outputs] or None
-    return InferRequest(request.id or None, inputs, datatypes, outputs, True, parameters)
+    options = {o.name: output_options(o.name, _parameters(o.parameters)) for o in request.outputs}
+    return InferRequest(request.id or None, inputs, datatypes, outputs, True, parameters, in_regions, options)
 
 
 def _typed(name: str, contents: Any, datatype: str, shape: tuple) -> np.ndarray:
@@ -230,13 +300,23 @@ def _response(
     service_pb2: Any, model: str, version: str, request_id: str, request: InferRequest, outputs: dict[str, np.ndarray]
 ) -> Any:
     wanted = [name for name, _ in request.outputs] if request.outputs is not None else list(outputs)
+    shared = [n for n in wanted if n in request.output_options and request.output_options[n].region is not None]
     tensors, raw = [], []
-    for name in wanted:
+    # outputs in shared memory go last, with no raw entry: raw_output_contents[i] is still the
+    # i-th output's, the way tritonclient's InferResult counts them
+    for name in [n for n in wanted if n not in shared] + shared:
         value = outputs[name]
         datatype = v2_datatype(value)
-        tensors.append(
-            service_pb2.ModelInferResponse.InferOutputTensor(name=name, datatype=datatype, shape=list(value.shape))
-        )
+        tensor = service_pb2.ModelInferResponse.InferOutputTensor(name=name, datatype=datatype, shape=list(value.shape))
+        tensors.append(tensor)
+        if name in shared:
+            region = request.output_options[name].region
+            assert region is not None  # shared lists only the outputs with a region
+            tensor.parameters["shared_memory_region"].string_param = region.name
+            tensor.parameters["shared_memory_byte_size"].int64_param = region.byte_size
+            if region.offset:
+                tensor.parameters["shared_memory_offset"].int64_param = region.offset
+            continue
         raw.append(encode_bytes(value) if datatype == "BYTES" else np.ascontiguousarray(value).tobytes())
     return service_pb2.ModelInferResponse(
         model_name=model, model_version=version, id=request_id, outputs=tensors, raw_output_contents=raw

@@ -28,6 +28,10 @@ from xdevice.serving.repository import FROM_V2, V2_DATATYPES
 __all__ = [
     "BadRequest",
     "InferRequest",
+    "OutputOptions",
+    "Region",
+    "input_region",
+    "output_options",
     "decode_request",
     "encode_response",
     "encode_bytes",
@@ -57,6 +61,75 @@ class InferRequest:
     outputs: list[tuple[str, bool]] | None  # (name, binary); None: all outputs
     binary_outputs: bool  # the default for outputs not listed
     parameters: dict = dataclasses.field(default_factory=dict)  # the request's own (``timeout``)
+    #: inputs whose bytes lie in a registered shared-memory region, with their shapes
+    input_regions: dict[str, tuple[Region, tuple[int, ...]]] = dataclasses.field(default_factory=dict)
+    #: what a requested output asked for beyond its data: classification, a region to fill
+    output_options: dict[str, OutputOptions] = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass(frozen=True)
+class Region:
+    """Where a tensor lies in registered shared memory: the region's name, the tensor's
+    size in bytes and its offset in the region (Triton's ``shared_memory_*`` parameters)."""
+
+    name: str
+    byte_size: int
+    offset: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class OutputOptions:
+    """A requested output's parameters: ``class_count`` top classes instead of the tensor
+    (Triton's classification extension; 0: the tensor), or the ``region`` to write it to."""
+
+    class_count: int = 0
+    region: Region | None = None
+
+
+def input_region(name: str, parameters: dict) -> Region | None:
+    """The shared-memory region an input's parameters name (None: its data travel inline).
+
+    >>> input_region("x", {"shared_memory_region": "in", "shared_memory_byte_size": 16})
+    Region(name='in', byte_size=16, offset=0)
+    """
+    return _region(f"Input {name!r}", parameters)
+
+
+def output_options(name: str, parameters: dict) -> OutputOptions:
+    """A requested output's ``classification`` and ``shared_memory_*`` parameters, checked.
+
+    >>> output_options("y", {"classification": 3})
+    OutputOptions(class_count=3, region=None)
+    """
+    count = parameters.get("classification", 0)
+    if not isinstance(count, int) or isinstance(count, bool) or count < 0:
+        raise BadRequest(
+            message(
+                f"Output {name!r}: classification is a count of classes", expected="a whole number >= 0", received=count
+            )
+        )
+    region = _region(f"Output {name!r}", parameters)
+    if count and region is not None:
+        raise BadRequest(message(f"Output {name!r}: a classification cannot be written to shared memory"))
+    return OutputOptions(count, region)
+
+
+def _region(what: str, parameters: dict) -> Region | None:
+    name = parameters.get("shared_memory_region")
+    if name is None:
+        return None
+    size, offset = parameters.get("shared_memory_byte_size"), parameters.get("shared_memory_offset", 0)
+    if not isinstance(name, str) or not all(
+        isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in (size, offset)
+    ):
+        raise BadRequest(
+            message(
+                f"{what}: bad shared-memory parameters",
+                expected="shared_memory_region (a name); shared_memory_byte_size and _offset, whole numbers >= 0",
+                received={k: v for k, v in parameters.items() if k.startswith("shared_memory")},
+            )
+        )
+    return Region(name, size, offset)  # type: ignore[arg-type]  # checked to be ints above
 
 
 def decode_request(body: bytes, header_length: str | None) -> InferRequest:
@@ -92,11 +165,15 @@ def decode_request(body: bytes, header_length: str | None) -> InferRequest:
             message("The request has no `inputs`", expected='{"inputs": [{"name", "shape", "datatype", "data"}]}')
         )
     binary, offset = body[split:], 0
-    inputs, datatypes = {}, {}
+    inputs, datatypes, regions = {}, {}, {}
     for entry in header["inputs"]:
         name, datatype, shape = _tensor_header(entry)
+        datatypes[name] = datatype
+        region = input_region(name, entry.get("parameters") or {})
         size = (entry.get("parameters") or {}).get("binary_data_size")
-        if size is not None:
+        if region is not None:
+            regions[name] = (region, shape)
+        elif size is not None:
             if not isinstance(size, int) or size < 0 or offset + size > len(binary):
                 raise BadRequest(
                     message(
@@ -110,8 +187,9 @@ def decode_request(body: bytes, header_length: str | None) -> InferRequest:
         elif "data" in entry:
             inputs[name] = _from_json(name, entry["data"], datatype, shape)
         else:
-            raise BadRequest(message(f"Input {name!r} has neither `data` nor a binary_data_size"))
-        datatypes[name] = datatype
+            raise BadRequest(
+                message(f"Input {name!r} has neither `data` nor a binary_data_size nor a shared_memory_region")
+            )
     if offset != len(binary):
         raise BadRequest(
             message(
@@ -123,13 +201,14 @@ def decode_request(body: bytes, header_length: str | None) -> InferRequest:
     parameters = header.get("parameters") or {}
     if not isinstance(parameters, dict):
         raise BadRequest(message("`parameters` must be an object", received=parameters))
-    outputs = header.get("outputs")
+    outputs, options = header.get("outputs"), {}
     if outputs is not None:
         if not isinstance(outputs, list) or not all(
             isinstance(o, dict) and isinstance(o.get("name"), str) for o in outputs
         ):
             raise BadRequest(message("`outputs` must be a list of objects with a name", received=outputs))
         default = bool(parameters.get("binary_data_output", False))
+        options = {o["name"]: output_options(o["name"], o.get("parameters") or {}) for o in outputs}
         outputs = [(o["name"], bool((o.get("parameters") or {}).get("binary_data", default))) for o in outputs]
     request_id = header.get("id")
     return InferRequest(
@@ -139,6 +218,8 @@ def decode_request(body: bytes, header_length: str | None) -> InferRequest:
         outputs,
         bool(parameters.get("binary_data_output", False)),
         parameters,
+        regions,
+        options,
     )
 
 
@@ -152,7 +233,12 @@ def encode_response(
         value = outputs[name]
         datatype = v2_datatype(value)
         entry: dict[str, Any] = {"name": name, "datatype": datatype, "shape": list(value.shape)}
-        if binary:
+        region = request.output_options[name].region if name in request.output_options else None
+        if region is not None:  # written to the region already: the client reads it there
+            entry["parameters"] = {"shared_memory_region": region.name, "shared_memory_byte_size": region.byte_size}
+            if region.offset:
+                entry["parameters"]["shared_memory_offset"] = region.offset
+        elif binary:
             blob = _to_bytes(value, datatype)
             entry["parameters"] = {"binary_data_size": len(blob)}
             blobs.append(blob)

@@ -147,6 +147,20 @@ def rest_app(
         route("/v2/repository/index", rest.repository_index, "POST"),
         route("/v2/repository/models/{model}/load", rest.load, "POST"),
         route("/v2/repository/models/{model}/unload", rest.unload, "POST"),
+        route("/v2/logging", rest.log_settings),
+        route("/v2/logging", rest.log_settings, "POST"),
+        route("/v2/trace/setting", rest.trace_settings),
+        route("/v2/trace/setting", rest.trace_settings, "POST"),
+        route("/v2/systemsharedmemory/status", rest.system_memory_status),
+        route("/v2/systemsharedmemory/region/{name}/status", rest.system_memory_status),
+        route("/v2/systemsharedmemory/region/{name}/register", rest.register_system_memory, "POST"),
+        route("/v2/systemsharedmemory/unregister", rest.unregister_system_memory, "POST"),
+        route("/v2/systemsharedmemory/region/{name}/unregister", rest.unregister_system_memory, "POST"),
+        route("/v2/cudasharedmemory/status", rest.cuda_memory_status),
+        route("/v2/cudasharedmemory/region/{name}/status", rest.cuda_memory_status),
+        route("/v2/cudasharedmemory/region/{name}/register", rest.register_cuda_memory, "POST"),
+        route("/v2/cudasharedmemory/unregister", rest.unregister_cuda_memory, "POST"),
+        route("/v2/cudasharedmemory/region/{name}/unregister", rest.unregister_cuda_memory, "POST"),
     ]
     for prefix in ("/v2/models/{model}", "/v2/models/{model}/versions/{version}"):
         routes += [
@@ -156,6 +170,10 @@ def rest_app(
             route(prefix + "/stats", rest.model_stats),
             route(prefix + "/infer", rest.infer, "POST"),
         ]
+    routes += [
+        route("/v2/models/{model}/trace/setting", rest.trace_settings),
+        route("/v2/models/{model}/trace/setting", rest.trace_settings, "POST"),
+    ]
     handlers = {HTTPException: http_error}  # Starlette's hint wants handlers of any Exception
     app = Starlette(routes=routes, exception_handlers=handlers, lifespan=lifespan)  # type: ignore[arg-type]  # as above
     app.state.dataplane = plane
@@ -216,6 +234,35 @@ class _Endpoints:
         await self.plane.unload(model)
         return _reply()
 
+    async def log_settings(self, request):
+        changes = await _read_json(request, self.plane.max_body) if request.method == "POST" else None
+        return _reply(self.plane.log(changes))
+
+    async def trace_settings(self, request, model=None):
+        changes = await _read_json(request, self.plane.max_body) if request.method == "POST" else None
+        return _reply(self.plane.trace(changes, model))
+
+    async def system_memory_status(self, request, name=None):
+        return _reply(self.plane.system_memory_status(name))
+
+    async def register_system_memory(self, request, name):
+        body = await _read_json(request, self.plane.max_body)
+        self.plane.register_system_memory(name, body.get("key", ""), body.get("offset", 0), body.get("byte_size", 0))
+        return _reply()
+
+    async def unregister_system_memory(self, request, name=None):
+        self.plane.unregister_system_memory(name)
+        return _reply()
+
+    async def cuda_memory_status(self, request, name=None):
+        return _reply([])  # none can be registered (register_cuda_memory says why)
+
+    async def register_cuda_memory(self, request, name):
+        self.plane.register_cuda_memory(name)
+
+    async def unregister_cuda_memory(self, request, name=None):
+        return _reply()
+
     async def metrics(self, request):
         from starlette.responses import Response
 
@@ -239,6 +286,10 @@ class _Endpoints:
 
         def encode(loaded, parsed, outputs):
             content, headers = encode_response(loaded.name, loaded.version, parsed, outputs)
+            coding = _accepted_encoding(request.headers.get("accept-encoding", ""))
+            if coding is not None:
+                content = _compress(content, coding)
+                headers["content-encoding"] = coding
             return Response(content, headers=headers)
 
         return await self.plane.infer(model, version, decode, encode)
@@ -291,7 +342,57 @@ async def _read_body(request, limit: int) -> bytes:
         body += chunk
         if len(body) > limit:
             raise BadRequest(message("The request body is too large", expected=f"at most {limit} bytes"), status=413)
-    return bytes(body)
+    coding = request.headers.get("content-encoding", "identity").strip().lower()
+    return bytes(body) if coding == "identity" else _decompress(bytes(body), coding, limit)
+
+
+#: Content-Encoding -> zlib's wbits for it (``deflate`` is zlib's format, as HTTP means it)
+_CODINGS = {"gzip": 31, "deflate": 15}
+
+
+def _decompress(body: bytes, coding: str, limit: int) -> bytes:
+    """A compressed request body (``Content-Encoding: gzip`` or ``deflate``, as
+    ``tritonclient`` sends with ``request_compression_algorithm``) decoded, never past
+    ``limit`` bytes: a body that would grow beyond it is refused (413) as it is decoded."""
+    import zlib
+
+    if coding not in _CODINGS:
+        raise BadRequest(
+            message("Unsupported Content-Encoding", received=coding, choices=[*_CODINGS, "identity"]), status=415
+        )
+    decoder = zlib.decompressobj(_CODINGS[coding])
+    try:
+        plain = decoder.decompress(body, limit + 1)
+    except zlib.error as error:
+        raise BadRequest(message(f"The request body is not valid {coding}", received=str(error))) from None
+    if len(plain) > limit or decoder.unconsumed_tail:
+        raise BadRequest(
+            message("The decompressed request body is too large", expected=f"at most {limit} bytes"), status=413
+        )
+    if not decoder.eof:
+        raise BadRequest(message(f"The request body's {coding} stream is cut short"))
+    return plain
+
+
+def _accepted_encoding(accept: str) -> str | None:
+    """The response coding ``Accept-Encoding`` asks for, of gzip and deflate, in the client's
+    order (one given ``q=0`` is refused); None: send it as it is.
+
+    >>> _accepted_encoding("deflate, gzip"), _accepted_encoding("gzip;q=0, br"), _accepted_encoding("")
+    ('deflate', None, None)
+    """
+    for item in accept.split(","):
+        coding, _, quality = item.strip().lower().partition(";")
+        if coding.strip() in _CODINGS and quality.replace(" ", "") not in ("q=0", "q=0.0", "q=0.00", "q=0.000"):
+            return coding.strip()
+    return None
+
+
+def _compress(content: bytes, coding: str) -> bytes:
+    import gzip
+    import zlib
+
+    return gzip.compress(content, compresslevel=1) if coding == "gzip" else zlib.compress(content, 1)
 
 
 def _http_protocol(header_timeout: float):
