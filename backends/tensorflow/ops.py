@@ -122,7 +122,9 @@ def _unary(fn):
     """An op method applying TensorFlow's ``fn`` to one input."""
 
     def op(self, x: Array) -> Array:
-        return fn(_tensor(x))
+        x = _tensor(x)
+        last = _viewed(x)  # elementwise: run it channels-last, where x came from
+        return fn(x) if last is None else _channels_first(fn(last))
 
     return op
 
@@ -169,7 +171,14 @@ def _binary(fn):
     """An op method applying TensorFlow's ``fn`` to promoted operands."""
 
     def op(self, x: Array, y: Array) -> Array:
-        return fn(*_operands(x, y))
+        x, y = _operands(x, y)
+        # both channels-first views of the same rank, or one with a scalar: run channels-last
+        a, b = _viewed(x), _viewed(y)
+        if a is not None and (b is not None and a.shape.rank == b.shape.rank or y.shape.rank == 0):
+            return _channels_first(fn(a, y if b is None else b))
+        if b is not None and x.shape.rank == 0:
+            return _channels_first(fn(x, b))
+        return fn(x, y)
 
     return op
 
@@ -210,9 +219,58 @@ _ELEMENTWISE = {
 
 
 def _channels_last(x: Array) -> Array:
+    viewed = _viewed(x)
+    if viewed is not None:
+        return viewed
     perm = (0, *range(2, x.shape.rank), 1)
     sunk = _sunk(x, perm)
     return tf.transpose(x, perm) if sunk is None else sunk
+
+
+def _channels_first(y: Array) -> Array:
+    """Channels-last ``y`` transposed to the API's channels-first layout. While tracing, the
+    result remembers ``y`` (see ``_viewed``): when only our ops read it, the transpose is pruned."""
+    rank = y.shape.rank
+    x = tf.transpose(y, (0, rank - 1, *range(1, rank - 1)))
+    if not tf.executing_eagerly():
+        if not hasattr(x.graph, "_xdevice_views"):
+            x.graph._xdevice_views = {}
+        x.graph._xdevice_views[x.ref()] = y
+    return x
+
+
+def _viewed(x: Array) -> Array | None:
+    """The channels-last tensor that channels-first ``x`` is a transpose of, if ``_channels_first``
+    made ``x`` in the graph being traced; else None.
+
+    Conv, pooling, batch norm and elementwise ops read that tensor instead of ``x``, so a chain
+    conv -> norm -> relu -> add -> conv runs channels-last with no transposes between. Under a
+    tape the read is recorded as a transpose of ``x`` itself (``_as_transpose_of``): gradients
+    still reach ``x`` and whatever it came from, and with respect to ``x`` too when asked for.
+    """
+    views = getattr(getattr(x, "graph", None), "_xdevice_views", None)
+    if views is None or tf.executing_eagerly() or x.graph is not tf.compat.v1.get_default_graph():
+        return None
+    y = views.get(x.ref())
+    if y is None or not record.could_possibly_record():
+        return y
+    return _as_transpose_of(y, x)
+
+
+def _as_transpose_of(y: Array, x: Array) -> Array:
+    """``y`` (which equals ``transpose(x, to channels-last)``) recorded on the tapes as that
+    transpose of ``x``: its gradient goes back to ``x`` through the inverse transpose, and
+    from ``x`` through ``x``'s own transpose to ``y``; Grappler cancels the adjacent pair.
+    Recorded on ``x`` alone, so no gradient is counted twice."""
+    with record.stop_recording():
+        out = tf.identity(y)
+    rank = y.shape.rank
+
+    def backward(g):
+        return [tf.transpose(g, (0, rank - 1, *range(1, rank - 1)))]
+
+    record.record_operation("ChannelsLastView", [out], [x], backward)
+    return out
 
 
 def _sunk(x: Array, perm: tuple[int, ...]) -> Array | None:
@@ -258,11 +316,6 @@ def _rebuild(x: Array, perm: tuple[int, ...], memo: dict) -> Array | None:
             b = tf.transpose(tf.reshape(a, [1] * (rank - a.shape.rank) + a.shape.as_list()), perm)
         inputs.append(a if b is None else b)
     return _ELEMENTWISE[op.type](*inputs) if sunk else None
-
-
-def _channels_first(x: Array) -> Array:
-    rank = x.shape.rank
-    return tf.transpose(x, (0, rank - 1, *range(1, rank - 1)))
 
 
 def _windowed(x: Array, pads, window, stride, dilation, op, *, explicit=False, same=True, fill=0.0) -> Array:
@@ -824,10 +877,23 @@ class TensorflowOps(Ops):
         y = y if scale is None else y * scale
         return y if offset is None else y + offset
 
+    def batch_norm(self, x: Array, scale: Array, offset: Array, mean: Array, var: Array, eps: float = 1e-5) -> Array:
+        x = _tensor(x)
+        last = _viewed(x)
+        if last is None or not all(_is_array(p) and p.dtype == x.dtype for p in (scale, offset, mean, var)):
+            return super().batch_norm(x, scale, offset, mean, var, eps)
+        # channels-last: the per-channel factors broadcast over the last axis as they are
+        factor = scale * tf.math.rsqrt(var + _constant(eps, x.dtype))
+        return _channels_first(last * factor + (offset - mean * factor))
+
     @float32_inside
     def batch_norm_train(self, x: Array, scale: Array, offset: Array, eps: float = 1e-5) -> tuple[Array, Array, Array]:
         x = _tensor(x)
-        mean, var = tf.nn.moments(x, [0, *range(2, x.shape.rank)])  # one pass for both
+        last = _viewed(x)
+        if last is None:
+            mean, var = tf.nn.moments(x, [0, *range(2, x.shape.rank)])  # one pass for both
+        else:  # reduce the channels-last tensor over all axes but its last, as Keras does
+            mean, var = tf.nn.moments(last, list(range(x.shape.rank - 1)))
         return self.batch_norm(x, scale, offset, mean, var, eps), mean, var
 
     def checkpoint(self, fn: Any, *args: Array) -> Any:
