@@ -20,7 +20,9 @@ the step stays the same on one device, several, or several processes:
 - inside the step, ``weight(x)``: this replica's share of the global rows; ``sum(tree)``: the
   sum over replicas; ``value_and_grad(objective, params)``: ``((loss, aux), grads)`` where
   ``grads`` is the gradient of the global batch (the replicas' weighted gradients summed);
-- ``compile(step)``: ``step`` compiled and run on every replica, the first one's results back.
+- ``compile(step)``: ``step`` compiled and run on every replica, the first one's results back;
+  ``compile_donating(step, argnums)`` (a backend whose ``donates`` is True: JAX) also gives
+  those arguments' buffers to the outputs (see :func:`donating` for when a trainer asks).
 
 :class:`Replicas` itself is the one-device case and the defaults the engines build on.
 Importing this module imports no framework.
@@ -28,16 +30,29 @@ Importing this module imports no framework.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from xdevice import _registry
 from xdevice._device import Device
 from xdevice._errors import ConfigurationError, message
 
-__all__ = ["PRECISIONS", "Program", "Replicas"]
+__all__ = ["PRECISIONS", "Program", "Replicas", "donating"]
 
 PRECISIONS = ("float32", "bfloat16", "float16")
+
+
+def donating(kinds: Iterable[str]) -> bool:
+    """Whether a compiled training step should donate its params and optimizer state, for
+    arrays on devices of these ``kinds`` (``"cpu"``, ``"gpu"``, ``"tpu"``): on a GPU or TPU,
+    where the step would otherwise hold two copies of each in device memory; not on the CPU,
+    where the memory is the host's and XLA may refuse some buffers (a warning).
+
+    >>> donating(["gpu"]), donating(["cpu"]), donating(["gpu", "cpu"]), donating([])
+    (True, False, False, False)
+    """
+    kinds = set(kinds)
+    return bool(kinds) and "cpu" not in kinds
 
 
 class Program:
@@ -123,3 +138,10 @@ class Replicas:
 
     def compile(self, step: Callable) -> Callable:
         return self.backend.jit(step)
+
+    def compile_donating(self, step: Callable, donate: tuple[int, ...]) -> Callable:
+        """:meth:`compile`, the arguments at positions ``donate`` donated to the outputs where
+        the backend's ``jit`` can (``donates``: JAX); elsewhere plain :meth:`compile`."""
+        if getattr(self.backend, "donates", False):
+            return self.backend.jit(step, donate=donate)
+        return self.compile(step)

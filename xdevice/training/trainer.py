@@ -39,6 +39,7 @@ import numpy as np
 
 from xdevice._errors import ConfigurationError, message
 from xdevice._seed import default_seed
+from xdevice.backends.training import donating
 from xdevice.training import checkpoint
 from xdevice.training.callbacks import Callback, Progress
 from xdevice.training.data import Batches, Prefetcher, as_batches
@@ -89,6 +90,12 @@ class Trainer:
 
     The optimizer's ``lr`` may be a schedule (``xdevice.training.schedules``): the trainer
     passes each step's rate into the step, and a checkpoint records the schedule.
+
+    On a GPU or TPU, JAX's compiled step donates the params, buffers and optimizer state
+    (``jax.jit``'s ``donate_argnums``): the new values take the old ones' memory, so the device
+    holds one copy of each, not two. The trainer trains copies of the model's arrays, so the
+    arrays you passed in stay valid; an array read from the model between two ``step`` calls
+    is deleted by the second (``trainer.model`` hands out arrays that stay valid).
     """
 
     def __init__(
@@ -169,11 +176,23 @@ class Trainer:
         self.seed = 0
         self.history = History()
         replicated = self.replicas.count > 1  # replicated steps are always compiled (strategy.run, Mesh)
-        compile_step = self.replicas.compile if jit or replicated else (lambda f: f)
-        self._train = compile_step(self._train_step)
+        # donating steps (JAX on a GPU or TPU) delete their inputs: the trainer's own copies
+        self._donate = bool(
+            (jit or replicated) and getattr(self.backend, "donates", False) and donating([self.program.device.kind])
+        )
+        self._shared = self._donate  # params, buffers or state may be arrays someone else holds
+
+        def compile_step(step: Callable, donate: tuple[int, ...]) -> Callable:
+            if not (jit or replicated):
+                return step
+            return self.replicas.compile_donating(step, donate) if self._donate else self.replicas.compile(step)
+
+        self._train = compile_step(self._train_step, (0, 1, 2))  # params, buffers, state
         self._compiled = self._train is not self._train_step  # eager PyTorch: rates stay Python floats
         if accumulate > 1:
-            self._accumulate, self._apply_total = compile_step(self._accumulate_step), compile_step(self._apply_step)
+            # the summed gradients are not donated: a group starts from the one zeros buffer
+            self._accumulate = compile_step(self._accumulate_step, (1,))  # buffers
+            self._apply_total = compile_step(self._apply_step, (0, 1))  # params, state
             self._zeros = self._placed(  # beside each parameter (stages: on its stage's device)
                 {k: self.ops.zeros(self.ops.shape(v), self.ops.dtype(v)) for k, v in self.program.params.items()}
             )
@@ -186,7 +205,18 @@ class Trainer:
     def _train_step(self, params, buffers, state, x, y, lr):
         buffers, grads, loss, metrics = self._gradients(params, buffers, state, x, y)
         params, state, skipped = self._apply(params, state, grads, lr)
-        return params, buffers, state, loss, {**metrics, **skipped}
+        return params, buffers, state, self._packed({"loss": loss, **metrics, **skipped})
+
+    def _packed(self, values: dict[str, Any]) -> Any:
+        """A step's loss and metrics as one vector when they are scalars of one dtype, stacked
+        inside the (compiled) step: read back in one host transfer, with no op run after the
+        step to gather them; otherwise the dict as it is. ``_names`` records the order."""
+        ops, arrays = self.ops, list(values.values())
+        self._names = list(values)
+        one_kind = len({str(ops.dtype(v)) for v in arrays}) == 1
+        if len(arrays) > 1 and one_kind and all(tuple(ops.shape(v)) == () for v in arrays):
+            return ops.stack(arrays)
+        return values
 
     def _gradients(self, params, buffers, state, x, y):
         """The global batch's mean gradient, loss and metrics (float16: scaled, then unscaled)."""
@@ -273,10 +303,12 @@ class Trainer:
         """A batch through the step: the optimizer step's loss, metrics and rows, or None while
         an accumulated step waits for more batches (``last``: no more come this epoch)."""
         p = self.program
+        if self._shared:
+            self._own()
         if self.accumulate == 1:
             lr = self._argument(self.schedule(self.step_count))
-            p.params, p.buffers, self.state, loss, metrics = self._train(p.params, p.buffers, self.state, x, y, lr)
-            return self._stepped({"loss": loss, **metrics}, rows)
+            p.params, p.buffers, self.state, results = self._train(p.params, p.buffers, self.state, x, y, lr)
+            return self._stepped(results, rows)
         p.buffers, self._total, loss, metrics = self._accumulate(
             p.params, p.buffers, self.state, self._total, x, y, self._argument(rows)
         )
@@ -296,11 +328,24 @@ class Trainer:
         self._total, self._group = self._zeros, []
         return self._stepped({**metrics, **skipped}, rows)
 
-    def _stepped(self, metrics: dict[str, Any], rows: int) -> tuple[float, dict[str, float], int]:
+    def _stepped(self, results: Any, rows: int) -> tuple[float, dict[str, float], int]:
+        """``results``: the step's loss and metrics, a dict or packed (:meth:`_packed`)."""
         self.program.write_back()
         self.step_count += 1
-        values = self._floats(metrics)
+        if isinstance(results, dict):
+            values = self._floats(results)
+        else:  # one host transfer: it waits for the step to finish
+            values = dict(zip(self._names, (float(v) for v in self.ops.to_numpy(results))))
         return values.pop("loss"), values, rows
+
+    def _own(self) -> None:
+        """Copies of the params, buffers and optimizer state that only the trainer holds, for a
+        donating step to delete: the ones it has may be the model's own arrays, or arrays
+        handed out (``trainer.model``, ``set_weights``'s)."""
+        donor: Any = self.backend  # a backend that donates (JAX) has own_copies
+        p, copies = self.program, donor.own_copies
+        p.params, p.buffers, self.state = copies(p.params), copies(p.buffers), copies(self.state)
+        self._shared = False
 
     def _argument(self, number: float) -> Any:
         """A number handed to the step: a float32 scalar for a compiled step (one trace for
@@ -433,6 +478,7 @@ class Trainer:
         span the devices (JAX's mesh) gather them, so the model runs outside the trainer; the
         trainer keeps the replicated copies for the next step."""
         p, gather = self.program, getattr(self.replicas, "gather", None)  # only engines that need it
+        self._shared = self._donate  # what is handed out stays valid: the next step trains copies
         if gather is None:
             return p.result()
         kept = p.params, p.buffers
@@ -491,6 +537,7 @@ class Trainer:
         p = self.program
         p.params = self._placed({k: arrays[k] for k in p.params})
         p.write_back()
+        self._shared = self._donate  # placing may keep the caller's arrays as they are
 
     def save(self, folder: str) -> None:
         """Write a checkpoint (safetensors + JSON) that :meth:`load` resumes exactly (with
