@@ -527,7 +527,7 @@ def _pointwise(x: Any, w: Any, stride: tuple) -> Any:
     dot reads ``(O, I)`` as it is stored."""
     if any(s != 1 for s in stride):
         x = x[(slice(None), slice(None)) + tuple(slice(None, None, s) for s in stride)]
-    w = jnp.reshape(w, jnp.shape(w)[:2])
+    w = lax.squeeze(w, tuple(range(2, jnp.ndim(w))))  # (O, I); jax2onnx cannot lower this reshape
     y = lax.dot_general(x, w, (((1,), (1,)), ((), ())))  # (N, *spatial, O)
     return jnp.moveaxis(y, -1, 1)
 
