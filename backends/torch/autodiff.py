@@ -55,7 +55,64 @@ class Autodiff:
                     received=sorted({type(leaf).__name__ for leaf in leaves}),
                 )
             )
-        return make_fx(fn, tracing_mode="fake")(*example_args)  # fake tensors: no data read, none baked
+        program = make_fx(fn, tracing_mode="fake")(*example_args)  # fake tensors: no data read, none baked
+        simplify(program)
+        return program
+
+
+def simplify(program: torch.fx.GraphModule) -> int:
+    """Drop the steps of a captured aten graph that compute nothing, in place; returns how many
+    nodes went. Each remaining node costs a Python-level dispatch per call, which is most of a
+    small model's time: constants are read as they are (not copied by ``lift_fresh_copy`` on
+    every call), a transpose of a transpose, a view / expand / reshape / same-dtype copy to the
+    shape and dtype its input already has, and a view of a view of a contiguous tensor are
+    skipped, and unused results (a layer norm's saved statistics) are not computed. A value
+    that is written in place, or returned, keeps its own copy.
+    """
+    aten = torch.ops.aten
+    reshapes = (aten.view.default, aten._unsafe_view.default, aten.reshape.default, aten.expand.default)
+    before = len(program.graph.nodes)
+    for node in list(program.graph.nodes):
+        source = node.args[0] if node.op == "call_function" and node.args else None
+        if not isinstance(source, torch.fx.Node) or _written(node) or _written(source):
+            continue
+        target, value, given = node.target, node.meta.get("val"), source.meta.get("val")
+        if not isinstance(value, torch.Tensor) or not isinstance(given, torch.Tensor):
+            continue
+        replacement = None
+        if target is aten.lift_fresh_copy.default or (
+            target is aten._to_copy.default and set(node.kwargs) <= {"dtype"} and value.dtype == given.dtype
+        ):
+            replacement = None if _returned(node) else source
+        elif target is aten.t.default and source.target is aten.t.default:
+            replacement = source.args[0]
+        elif target in reshapes and value.shape == given.shape and value.dtype == given.dtype:
+            replacement = source
+        elif target in reshapes[:3] and source.target in reshapes[:3] and _contiguous(source.args[0]):
+            node.args = (source.args[0], *node.args[1:])  # one view from the contiguous base
+        if isinstance(replacement, torch.fx.Node):
+            node.replace_all_uses_with(replacement)
+    program.graph.eliminate_dead_code()
+    program.recompile()
+    return before - len(program.graph.nodes)
+
+
+def _written(node: torch.fx.Node) -> bool:
+    """Whether an op writes into ``node``'s value (an in-place or ``out=`` op reads it)."""
+    for user in node.users:
+        schema = getattr(user.target, "_schema", None)
+        if schema is not None and schema.is_mutable:
+            return True
+    return False
+
+
+def _returned(node: torch.fx.Node) -> bool:
+    return any(user.op == "output" for user in node.users)
+
+
+def _contiguous(node: Any) -> bool:
+    value = node.meta.get("val") if isinstance(node, torch.fx.Node) else None
+    return isinstance(value, torch.Tensor) and value.is_contiguous()
 
 
 def detached(tree: Any) -> Any:

@@ -98,6 +98,9 @@ class ImportedModel:
         self.output_names = list(self.graph.outputs)
         self._plans: dict[tuple, Plan] = {}
         self._programs: dict[tuple, Any] = {}  # input signature -> the captured program
+        # (type, shape, dtype) of each input -> its program, once such inputs ran captured: a
+        # call with inputs like these skips the checks and conversions (per-call time at batch 1)
+        self._known: dict[tuple, Any] = {}
         self._captures = self.backend.capture(_probe) is not _probe  # False: nothing to gain
 
     def apply(self, params: dict[str, Any], *inputs: Any) -> tuple[Any, ...]:
@@ -138,6 +141,12 @@ class ImportedModel:
         ``torch.fx`` graph), traced once per input signature; a graph that needs data while it
         is built (a data-dependent shape) or takes sequences runs through the interpreter.
         """
+        key = _quick_key(inputs)
+        known = self._known.get(key) if key is not None else None
+        if known is not None:  # inputs like these ran captured before: checked, nothing to convert
+            with self._scope() if self._follows_gpu else contextlib.nullcontext():
+                outputs = known(self.params, *inputs)
+            return outputs[0] if len(outputs) == 1 else outputs
         self._check(inputs)
         outputs = None
         if self._captures and all(_is_tensor(x) for x in inputs):
@@ -150,6 +159,12 @@ class ImportedModel:
             except Exception:  # noqa: BLE001 - each tracer refuses concrete values its own way
                 outputs = self.apply(self.params, *inputs)  # a mistake in the inputs raises here, as it is
                 self._captures = False  # the graph needs data while it is built: interpreted from now on
+                self._known.clear()
+            else:
+                if key is not None and all(p is x for p, x in zip(placed, inputs)):
+                    if len(self._known) >= _PLANS:
+                        self._known.clear()
+                    self._known[key] = program
         if outputs is None:
             outputs = self.apply(self.params, *inputs)
         return outputs[0] if len(outputs) == 1 else outputs
@@ -258,6 +273,17 @@ _PLANS = 64
 
 def _probe(*args: Any) -> Any:
     return args
+
+
+def _quick_key(inputs: tuple) -> tuple | None:
+    """Each input's type, shape and dtype, as they are (no conversion), or None when one has
+    no hashable shape (a sequence, None, a symbolic dimension)."""
+    key = tuple((type(x), getattr(x, "shape", None), getattr(x, "dtype", None)) for x in inputs)
+    try:
+        hash(key)
+    except TypeError:
+        return None
+    return key if all(shape is not None for _, shape, _ in key) else None
 
 
 def _signature(ops: Any, feeds: list[Any]) -> tuple | None:
