@@ -232,26 +232,38 @@ def build_parser() -> argparse.ArgumentParser:
     sizing.set_defaults(run=_estimate_memory)
 
     starter = commands.add_parser(
-        "launch", help="start N training processes, each set up for every installed framework (torchrun's agent)"
+        "launch",
+        help="start N training processes, each set up for every installed framework (torchrun's agent); "
+        "inside a Kubeflow TrainJob, PyTorchJob, TFJob or JAXJob or a Slurm step, joins it with no flags",
     )
-    starter.add_argument("--nproc-per-node", type=int, required=True, help="processes on this machine")
     starter.add_argument(
-        "--nnodes", default="1", help="machines taking part: N, or MIN:MAX for an elastic run (default 1)"
+        "--nproc-per-node", type=int, default=None, help="processes on this machine (default: the job's, else 1)"
+    )
+    starter.add_argument(
+        "--nnodes",
+        default=None,
+        help="machines taking part: N, or MIN:MAX for an elastic run (default: the job's, else 1)",
     )
     starter.add_argument(
         "--max-restarts", type=int, default=0, help="restart the group this many times when a worker fails (default 0)"
     )
-    starter.add_argument("--rdzv-backend", default="c10d", help="torchrun's rendezvous (default c10d)")
-    starter.add_argument("--rdzv-id", default=None, help="the run's id, the same on every node")
-    starter.add_argument("--node-rank", type=int, default=None, help="this machine's number (static rendezvous)")
     starter.add_argument(
-        "--master-addr", default=None, help="node 0's address, the rendezvous endpoint (default 127.0.0.1)"
+        "--rdzv-backend", default=None, help="torchrun's rendezvous (default c10d; static inside a cluster job)"
+    )
+    starter.add_argument("--rdzv-id", default=None, help="the run's id, the same on every node")
+    starter.add_argument(
+        "--node-rank", type=int, default=None, help="this machine's number (static rendezvous; default: the job's)"
+    )
+    starter.add_argument(
+        "--master-addr",
+        default=None,
+        help="node 0's address, the rendezvous endpoint (default: the job's, else 127.0.0.1)",
     )
     starter.add_argument(
         "--master-port",
         type=int,
         default=None,
-        help="the rendezvous port on node 0 (default: a free one, one node only)",
+        help="the rendezvous port on node 0 (default: the job's, else a free one, one node only)",
     )
     starter.add_argument("--log-dir", default=None, help="write each rank's stdout and stderr under this folder")
     starter.add_argument("script", help="the training script")
@@ -515,18 +527,22 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _launch(args: argparse.Namespace) -> int:
-    from xdevice.training.launch import launch
+    from xdevice.training.launch import launch, with_cluster
 
+    given = {
+        name: getattr(args, name)
+        for name in ("nproc_per_node", "nnodes", "node_rank", "master_addr", "master_port", "rdzv_backend")
+    }
+    options, job = with_cluster(given)  # the cluster job's settings where no flag was given
+    if job is not None:
+        print(f"xdevice launch: joined {job.describe()}", file=sys.stderr, flush=True)
+    nproc_per_node = options.pop("nproc_per_node")
     return launch(
         args.script,
         args.script_args,
-        args.nproc_per_node,
-        nnodes=args.nnodes,
-        node_rank=args.node_rank,
-        master_addr=args.master_addr,
-        master_port=args.master_port,
+        nproc_per_node,
+        **options,
         max_restarts=args.max_restarts,
-        rdzv_backend=args.rdzv_backend,
         rdzv_id=args.rdzv_id,
         log_dir=args.log_dir,
     )

@@ -3,7 +3,9 @@
 ``jax.distributed.initialize`` takes a coordinator's ``host:port``, the process count and
 this process's number (``replication.py`` reads them). No flag gives the coordinator: rank 0
 publishes a free port on its machine through the launcher's rendezvous and every process
-reads it back. Imports no framework: the launcher's workers call :func:`environment` for
+reads it back. Inside a cluster job (a ``JAXJob``, Trainer's JAX runtime, Slurm) the same:
+the rank and count are the scheduler's (``xdevice.training.cluster``), the coordinator a port on
+the pod of process 0. Imports no framework: the launcher's workers call :func:`environment` for
 every installed backend (``xdevice._processes.environment``).
 """
 

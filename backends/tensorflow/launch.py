@@ -2,9 +2,10 @@
 
 TensorFlow reads ``TF_CONFIG``: every worker's ``host:port`` and this one's index among
 them. No flag gives those addresses: each process publishes a free port on its machine
-through the launcher's rendezvous, so the list names every worker on every node. Imports no
-framework: the launcher's workers call :func:`environment` for every installed backend
-(``xdevice._processes.environment``).
+through the launcher's rendezvous, so the list names every worker on every node; inside a
+``TFJob`` this replaces the operator's ``TF_CONFIG`` (its chief is worker 0), so a pod may run
+several workers. Imports no framework: the launcher's workers call :func:`environment` for
+every installed backend (``xdevice._processes.environment``).
 """
 
 from __future__ import annotations

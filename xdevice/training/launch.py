@@ -17,18 +17,28 @@ variables. In the launched process the trainer and ``replicate`` join the framew
 calls ``xdevice.join_processes(backend)`` at its top (see ``xdevice._processes``).
 
 With a GPU per process, local rank ``i`` sees only the ``i``-th visible GPU, as its ``gpu:0``.
+
+Inside a cluster job (a Kubeflow ``TrainJob``, ``PyTorchJob``, ``TFJob`` or ``JAXJob``, a
+Slurm step) :func:`with_cluster` fills the flags the user left out from the variables the
+scheduler set (:mod:`xdevice.training.cluster`): the launchers meet at the scheduler's
+``host:port`` (node 0's launcher holds the rendezvous there; torchrun's ``static`` rendezvous,
+as every node knows its number), so a worker's ``RANK`` is the scheduler's process number, and
+each backend's hook then sets its engine up as on one machine.
 """
 
 from __future__ import annotations
 
 import os
 import re
+from collections.abc import Mapping
+from typing import Any
 
 from xdevice import _registry
 from xdevice._errors import ConfigurationError, message
 from xdevice._processes import join_processes, world
+from xdevice.training.cluster import ClusterJob, cluster_job
 
-__all__ = ["arguments", "join_processes", "launch", "world"]
+__all__ = ["arguments", "join_processes", "launch", "with_cluster", "world"]
 
 
 def arguments(
@@ -98,6 +108,49 @@ def launch(script: str, args: list[str], nproc_per_node: int, **options) -> int:
     (options as :func:`arguments`); 0 when every rank finished, else the first failed rank's
     exit code."""
     return _agent().run(arguments(script, args, nproc_per_node, **options))
+
+
+def with_cluster(
+    options: Mapping[str, Any], env: Mapping[str, str] | None = None
+) -> tuple[dict[str, Any], ClusterJob | None]:
+    """The launch's options with those left out (None) taken from the cluster job ``env``
+    describes (``os.environ`` by default), then the one-machine defaults; and that job, or None.
+
+    Keys: ``nproc_per_node``, ``nnodes``, ``node_rank``, ``master_addr``, ``master_port``,
+    ``rdzv_backend``; other keys pass through. An option given explicitly wins over the job.
+
+    >>> options, job = with_cluster({"nproc_per_node": None, "nnodes": None}, env={})
+    >>> options["nproc_per_node"], options["nnodes"], options["rdzv_backend"], job
+    (1, '1', 'c10d', None)
+    >>> env = {"PET_NNODES": "2", "PET_NPROC_PER_NODE": "4", "PET_NODE_RANK": "1",
+    ...        "PET_MASTER_ADDR": "job-node-0-0.job", "PET_MASTER_PORT": "29500"}
+    >>> options, job = with_cluster({"nproc_per_node": 2}, env=env)
+    >>> options["nproc_per_node"], options["nnodes"], options["node_rank"], options["master_addr"]
+    (2, '2', 1, 'job-node-0-0.job')
+    """
+    job = cluster_job(os.environ if env is None else env, gpus=_gpu_count)
+    found: dict[str, Any] = {"nproc_per_node": 1, "nnodes": "1", "rdzv_backend": "c10d"}
+    if job is not None:
+        found = {
+            "nproc_per_node": job.nproc_per_node,
+            "nnodes": job.nnodes,
+            "node_rank": job.node_rank,
+            "master_addr": job.host,
+            "master_port": job.port,
+            "rdzv_backend": job.rdzv_backend,
+        }
+    merged = dict(options)
+    for key, value in found.items():
+        if merged.get(key) is None:
+            merged[key] = value
+    return merged, job
+
+
+def _gpu_count() -> int:
+    """GPUs visible here (for ``PET_NPROC_PER_NODE=auto``), from NVML without a framework."""
+    from xdevice._discovery import nvml_physical_gpus, visible_gpu_indices
+
+    return len(visible_gpu_indices([gpu_uuid for gpu_uuid, _ in nvml_physical_gpus()]))
 
 
 def _agent():

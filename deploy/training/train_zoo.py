@@ -1,0 +1,45 @@
+"""Train the zoo's mlp on a synthetic task, on the framework one argument names: the script the
+manifests in this folder run under ``xdevice launch``, on every node of the job.
+
+Run alone it trains in one process; under ``xdevice launch`` each process takes its slice of
+every global batch and all end with the weights one process reaches (tests/training/test_cluster_launch.py).
+
+    python deploy/training/train_zoo.py --backend torch
+    xdevice launch deploy/training/train_zoo.py --backend jax --out /tmp/run   # inside a cluster job
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import numpy as np
+
+import xdevice
+from xdevice import fit, models
+from xdevice.training.launch import world
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--backend", default="torch", choices=["torch", "jax", "tensorflow"])
+    parser.add_argument("--epochs", type=int, default=2)
+    parser.add_argument("--out", default=None, help="write each rank's losses and final weights here (JSON)")
+    args = parser.parse_args()
+    xdevice.join_processes(args.backend)  # before the model is built: JAX and TF join before computing
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(96, 6)).astype("float32")
+    y = (x[:, 0] > 0).astype("int64")
+    model = models.build("mlp", backend=args.backend, hidden=[16], inputs=6, classes=2, seed=0)
+    history = fit(model, (x, y), optimizer="adam", lr=0.01, epochs=args.epochs, batch_size=16, verbose=0)
+    rank, size = world()
+    print(f"rank {rank} of {size}: final loss {history.steps[-1]:.6f}", flush=True)
+    if args.out:
+        params = {k: v.ravel().tolist() for k, v in model.numpy_params().items()}
+        path = Path(args.out) / f"rank{rank}of{size}.json"
+        path.write_text(json.dumps({"steps": history.steps, "params": params}))
+
+
+if __name__ == "__main__":
+    main()
