@@ -12,6 +12,7 @@ op tests hold to the numpy reference like every primitive.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 from typing import Any
@@ -21,6 +22,7 @@ import tensorflow as tf
 from tensorflow.python.eager import record  # no public way to ask whether a tape records
 
 from xdevice._errors import UnsupportedOp, message
+from xdevice.backends._dtypes import ml_dtype
 from xdevice.backends._shapes import as_tuple, conv_padding, pool_counts, pool_padding, slice_index
 from xdevice.backends.composite import float32_inside, masked_score
 from xdevice.backends.opset import DTYPES, NARROW_DTYPES, Array, Ops, numpy_dtype
@@ -35,6 +37,15 @@ _PAD_MODES = ["constant", "reflect", "edge"]
 _INT4 = tuple(tf.as_dtype(name) for name in ("int4", "uint4"))
 _FLOAT8 = tuple(tf.as_dtype(name) for name in ("float8_e4m3fn", "float8_e5m2"))
 _NARROW = {d.name for d in _INT4 + _FLOAT8}
+# The other narrow formats (int2, uint2, float4_e2m1fn, the fnuz float8s, float8_e8m0fnu, which
+# TensorFlow lacks altogether) are held as torch holds its shell dtypes: a uint8 tensor with one
+# value's code in the low bits of each byte (ml_dtypes' layout), marked with the format's name in
+# the attribute ``_HELD``. ``cast`` decodes and encodes the codes; ``dtype`` and ``to_numpy`` read
+# the mark, and the ops that only move values (reshape, take...) keep it. The mark is the
+# tensor's own: a tf.function's argument is a new tensor without it.
+_HOLDS = tuple(name for name in NARROW_DTYPES if name not in _NARROW)
+_HELD = "_xdevice_dtype"
+_CODE_BITS = {"int2": 2, "uint2": 2, "float4_e2m1fn": 4}  # the others use the whole byte
 
 # ScatterElements reductions as segment reductions
 _SEGMENT = {
@@ -50,8 +61,14 @@ def _is_array(x: Any) -> bool:
 
 
 def _tensor(x: Any) -> Array:
-    """``x`` as a tensor; numpy data keeps its dtype (Python floats become float64, as numpy)."""
-    return x if _is_array(x) else tf.convert_to_tensor(np.asarray(x))
+    """``x`` as a tensor; numpy data keeps its dtype (Python floats become float64, as numpy),
+    a narrow format TensorFlow cannot compute in is held as marked codes (``_HELD``)."""
+    if _is_array(x):
+        return x
+    x = np.asarray(x)
+    if x.dtype.name in _HOLDS:
+        return _held_as(tf.convert_to_tensor(x.view(np.uint8)), x.dtype.name)
+    return tf.convert_to_tensor(x)
 
 
 def _is_scalar(x: Any) -> bool:
@@ -90,7 +107,11 @@ def _tf_dtype(name: str) -> tf.DType:
     except TypeError:
         dtype = None
     if dtype is None:
-        what = "TensorFlow has no Cast kernels for this dtype" if unusable else "TensorFlow has no such dtype"
+        what = (
+            "TensorFlow has no kernels for this dtype (cast holds it as codes, one per byte)"
+            if unusable
+            else "TensorFlow has no such dtype"
+        )
         raise UnsupportedOp(
             message(
                 what,
@@ -111,6 +132,101 @@ def _castable(x: Array, dtype: tf.DType) -> Array:
     if dtype in _FLOAT8 and not x.dtype.is_floating:
         x = tf.cast(x, tf.float32)
     return x
+
+
+def _held_as(codes: Array, name: str | None) -> Array:
+    """uint8 ``codes`` marked as holding the narrow format ``name`` (unmarked for None)."""
+    if name is not None:
+        setattr(codes, _HELD, name)
+    return codes
+
+
+def _held(x: Any) -> str | None:
+    """The narrow format whose codes ``x`` holds (``_HELD``), or None for an ordinary array."""
+    return getattr(x, _HELD, None)
+
+
+def _held_codes(x: Array) -> tuple[Array, str | None]:
+    """``x``'s codes and format when it holds a narrow format TensorFlow has no kernels for:
+    a marked uint8 tensor, or (eagerly) a tensor of TensorFlow's own int2, float4... dtype,
+    whose bytes only numpy can read; ``(x, None)`` for any other tensor."""
+    name = _held(x)
+    if name is not None or x.dtype.name not in _HOLDS:
+        return x, name
+    if not tf.executing_eagerly():
+        raise UnsupportedOp(
+            message(
+                f"TensorFlow has no kernels for {x.dtype.name}, not even to read its bytes in a traced graph",
+                received=f"a {x.dtype.name} tensor in a tf.function",
+                fix=f"pass the {x.dtype.name} values as numpy (ml_dtypes) arrays, or call the model eagerly",
+            )
+        )
+    return _held_as(tf.convert_to_tensor(x.numpy().view(np.uint8)), x.dtype.name), x.dtype.name
+
+
+@functools.cache
+def _code_values(name: str) -> np.ndarray:
+    """The value of each code of a held format, indexed by code: float32 for the floats,
+    int8/uint8 for int2/uint2 (types TensorFlow computes in), as ml_dtypes reads them."""
+    codes = np.arange(2 ** _CODE_BITS.get(name, 8), dtype=np.uint8).view(ml_dtype(name))
+    return codes.astype(np.float32 if name.startswith("float") else np.int8 if name == "int2" else np.uint8)
+
+
+def _decoded(codes: Array, name: str) -> Array:
+    """The values of held ``codes`` (float32, int8 or uint8): a look-up of each code's value."""
+    table = _code_values(name)
+    return tf.gather(table, tf.cast(tf.bitwise.bitwise_and(codes, len(table) - 1), tf.int32))
+
+
+def _encoded(x: Array, name: str) -> Array:
+    """The codes (uint8) of ``x`` in held format ``name``, as ml_dtypes casts: integers keep
+    their low bits (``x`` int64); floats (``x`` float32) round to nearest, ties to even, and
+    saturate at the largest value (the Cast handler settles overflow as ONNX asks first)."""
+    if name in ("int2", "uint2"):
+        return tf.cast(tf.bitwise.bitwise_and(x, 2 ** _CODE_BITS[name] - 1), tf.uint8)
+    bits = tf.bitcast(x, tf.int32)  # bits, not arithmetic: TensorFlow reads float32 subnormals as 0
+    if name == "float8_e8m0fnu":  # a power of two: its exponent field, the mantissa rounded half up
+        exponent = tf.bitwise.bitwise_and(tf.bitwise.right_shift(bits, 23), 255)
+        up = tf.cast(tf.bitwise.bitwise_and(bits, 0x7FFFFF) >= 0x400000, tf.int32)
+        code = tf.where(exponent == 0, 0, tf.minimum(exponent + up, 255))  # below 2**-126: 2**-127
+        return tf.cast(tf.where((bits <= 0) | (exponent == 255), 255, code), tf.uint8)  # <= 0, inf, NaN: NaN
+    values = _code_values(name)
+    grid = values[: len(values) // 2]  # the non-negative values, ascending with their codes
+    middles = (grid[:-1] + grid[1:]) / 2  # exact: a few mantissa bits
+    magnitude = tf.reshape(tf.minimum(tf.abs(x), grid[-1]), [-1])
+    upper = tf.clip_by_value(tf.searchsorted(grid, magnitude), 1, len(grid) - 1)  # first value >= magnitude
+    middle = tf.gather(middles, upper - 1)
+    round_up = (magnitude > middle) | ((magnitude == middle) & (upper % 2 == 0))
+    code = tf.reshape(tf.where(round_up, upper, upper - 1), tf.shape(x))
+    negative = bits < 0
+    if values[len(grid)] != 0:  # no -0 (the fnuz formats: that code is NaN): -0 is 0
+        negative &= code > 0
+    code = tf.where(negative, code + len(grid), code)
+    nan = int(np.array(np.nan, np.float32).astype(ml_dtype(name)).view(np.uint8))
+    return tf.cast(tf.where(tf.math.is_nan(x), nan, code), tf.uint8)
+
+
+def _shift(fn, x: Array, y: Array) -> Array:
+    """``fn(x, y)`` (a bit shift) with numpy's result for a shift out of range (negative, or as
+    wide as the type): every bit shifted out, 0, or -1 for a right shift of a negative value;
+    TensorFlow's kernels mask or wrap such a shift (C's undefined behaviour)."""
+    out_of_range = (y < 0) | (y >= x.dtype.size * 8)
+    shifted = fn(x, tf.where(out_of_range, tf.zeros_like(y), y))
+    filled = tf.zeros_like(x)
+    if fn is tf.bitwise.right_shift and not x.dtype.is_unsigned:  # the sign bit fills it
+        filled = tf.where(x < 0, tf.constant(-1, x.dtype), filled)
+    return tf.where(out_of_range, filled, shifted)
+
+
+def _keeps_held(fn):
+    """An op method that only moves ``x``'s values (reshape, take...): held codes stay marked."""
+
+    @functools.wraps(fn)
+    def op(self, x: Array, *args: Any, **kwargs: Any) -> Array:
+        x = _tensor(x)
+        return _held_as(fn(self, x, *args, **kwargs), _held(x))
+
+    return op
 
 
 def _constant(value: Any, dtype: tf.DType) -> Array:
@@ -377,13 +493,16 @@ class TensorflowOps(Ops):
 
     def asarray(self, x: Any, dtype: str | None = None) -> Array:
         if _is_array(x):
-            return x if dtype is None or x.dtype == _tf_dtype(dtype) else self.cast(x, dtype)
-        if dtype is not None:
-            _tf_dtype(dtype)  # numpy would make the fnuz formats, which TensorFlow cannot cast
-        return tf.convert_to_tensor(np.asarray(x, dtype=numpy_dtype(dtype) if dtype else None))
+            return x if dtype is None or self.dtype(x) == dtype else self.cast(x, dtype)
+        if dtype is not None and dtype not in _HOLDS:
+            _tf_dtype(dtype)  # one TensorFlow has no such dtype for fails here
+        return _tensor(np.asarray(x, dtype=numpy_dtype(dtype) if dtype else None))
 
     def to_numpy(self, x: Array) -> Any:
-        return x.numpy() if _is_array(x) else np.array(x, copy=True)
+        if not _is_array(x):
+            return np.array(x, copy=True)
+        name = _held(x)  # held codes: ml_dtypes holds them one to a byte too, in the low bits
+        return x.numpy() if name is None else x.numpy().view(ml_dtype(name))
 
     def shape(self, x: Array) -> tuple[int, ...]:
         if not _is_array(x):
@@ -392,11 +511,43 @@ class TensorflowOps(Ops):
         return tuple(tf.shape(x)[i] if d is None else int(d) for i, d in enumerate(x.shape))
 
     def dtype(self, x: Array) -> str:
-        return x.dtype.name if _is_array(x) else np.asarray(x).dtype.name
+        return (_held(x) or x.dtype.name) if _is_array(x) else np.asarray(x).dtype.name
 
     def cast(self, x: Array, dtype: str) -> Array:
-        dtype = _tf_dtype(dtype)
-        return tf.cast(_castable(_tensor(x), dtype), dtype)  # float to int truncates toward zero, as numpy
+        x, source = _held_codes(_tensor(x))
+        if source == dtype:
+            return x
+        if source is not None:  # held codes: their values first, in a type TensorFlow computes in
+            x = _decoded(x, source)
+        if dtype in _HOLDS:
+            if not tf.executing_eagerly():  # a traced function's output would lose the mark
+                raise UnsupportedOp(
+                    message(
+                        f"TensorFlow holds {dtype} as marked codes only outside traced graphs",
+                        received=f"a cast to {dtype} in a tf.function",
+                        fix="call the model eagerly (ImportedModel falls back to it by itself)",
+                    )
+                )
+            wide = "int64" if dtype in ("int2", "uint2") else "float32"
+            return _held_as(_encoded(self.cast(x, wide), dtype), dtype)
+        want = _tf_dtype(dtype)
+        return tf.cast(_castable(x, want), want)  # float to int truncates toward zero, as numpy
+
+    def bitcast(self, x: Array, dtype: str) -> Array:
+        x, source = _held_codes(_tensor(x))
+        if x.dtype == tf.bool:  # tf.bitcast refuses bool; its byte holds 0 or 1, as uint8's does
+            x = tf.cast(x, tf.uint8)
+        if source is not None and _CODE_BITS.get(source, 8) != 8 or _CODE_BITS.get(dtype, 8) != 8:
+            raise UnsupportedOp(
+                message(
+                    "TensorFlow cannot reinterpret the bits of a type narrower than a byte",
+                    received=f"a bitcast from {source or x.dtype.name} to {dtype}",
+                    fix="run the model on the numpy or torch backend",
+                )
+            )
+        want = tf.uint8 if dtype in _HOLDS else _tf_dtype(dtype)  # a byte-wide held format: the bytes
+        # a new tensor even for the same type, so no mark moves from x or onto it
+        return _held_as(tf.identity(x) if x.dtype == want else tf.bitcast(x, want), dtype if dtype in _HOLDS else None)
 
     def zeros(self, shape: Sequence[int], dtype: str = "float32") -> Array:
         return tf.zeros(tuple(shape), dtype)
@@ -463,8 +614,8 @@ class TensorflowOps(Ops):
     bitwise_and = _binary(tf.bitwise.bitwise_and)
     bitwise_or = _binary(tf.bitwise.bitwise_or)
     bitwise_xor = _binary(tf.bitwise.bitwise_xor)
-    left_shift = _binary(tf.bitwise.left_shift)
-    right_shift = _binary(tf.bitwise.right_shift)  # logical on unsigned and non-negative values
+    left_shift = _binary(lambda x, y: _shift(tf.bitwise.left_shift, x, y))
+    right_shift = _binary(lambda x, y: _shift(tf.bitwise.right_shift, x, y))  # logical on unsigned
     equal = _binary(tf.math.equal)
     not_equal = _binary(tf.math.not_equal)
     less = _binary(tf.math.less)
@@ -592,18 +743,23 @@ class TensorflowOps(Ops):
 
     # -- shape ----------------------------------------------------------------------------
 
+    @_keeps_held
     def reshape(self, x: Array, shape: Sequence[int]) -> Array:
         return tf.reshape(_tensor(x), tuple(shape))
 
+    @_keeps_held
     def transpose(self, x: Array, axes: Sequence[int] | None = None) -> Array:
         return tf.transpose(_tensor(x), None if axes is None else tuple(axes))
 
+    @_keeps_held
     def expand_dims(self, x: Array, axis: int) -> Array:
         return tf.expand_dims(_tensor(x), axis)
 
+    @_keeps_held
     def squeeze(self, x: Array, axis: int | Sequence[int] | None = None) -> Array:
         return tf.squeeze(_tensor(x), _axes(axis))
 
+    @_keeps_held
     def broadcast_to(self, x: Array, shape: Sequence[int]) -> Array:
         return tf.broadcast_to(_tensor(x), tuple(shape))
 
@@ -631,6 +787,7 @@ class TensorflowOps(Ops):
         starts, stops = ([_clamp(v, shape[a]) for a, v in zip(axes, values)] for values in (starts, stops))
         return x[slice_index(x.shape.rank, starts, stops, axes, steps)]
 
+    @_keeps_held
     def take(self, x: Array, indices: Array | int, axis: int = 0) -> Array:
         x = _tensor(x)
         axis %= x.shape.rank
@@ -717,9 +874,11 @@ class TensorflowOps(Ops):
                 x = tf.gather(x, source, axis=axis)
         return x
 
+    @_keeps_held
     def flip(self, x: Array, axis: int | Sequence[int]) -> Array:
         return tf.reverse(_tensor(x), [axis] if isinstance(axis, int) else list(axis))
 
+    @_keeps_held
     def tile(self, x: Array, reps: Sequence[int]) -> Array:
         x, reps = _tensor(x), tuple(reps)
         extra = len(reps) - x.shape.rank  # numpy prepends unit axes to whichever is shorter

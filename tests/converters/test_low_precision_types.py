@@ -10,6 +10,7 @@ pytest.importorskip("onnx", reason="ONNX type tests need onnx (pip install onnx)
 from onnx import TensorProto, helper
 from onnx.reference import ReferenceEvaluator
 
+import xdevice
 from xdevice import UnsupportedOp
 from xdevice.converters.importer import from_onnx
 
@@ -34,8 +35,8 @@ NARROW = {
     "float4_e2m1fn": TensorProto.FLOAT4E2M1,
     "float8_e8m0fnu": TensorProto.FLOAT8E8M0,
 }
-# TensorFlow has no Cast kernels for these (backends/tensorflow/ops.py refuses them by name)
-TENSORFLOW_LACKS = {"int2", "uint2", "float8_e4m3fnuz", "float8_e5m2fnuz", "float4_e2m1fn", "float8_e8m0fnu"}
+# TensorFlow has no kernels for these: its ops hold them as codes, one to a byte (a marked uint8 tensor)
+TENSORFLOW_HOLDS = ("int2", "uint2", "float8_e4m3fnuz", "float8_e5m2fnuz", "float4_e2m1fn", "float8_e8m0fnu")
 
 
 def _model(nodes, inputs, outputs, opset=25):
@@ -49,11 +50,6 @@ def _run(backend, model, *inputs):
     imported = from_onnx(model, backend=backend.name, check=False)
     outputs = imported.apply(imported.params, *(backend.ops.asarray(x) for x in inputs))
     return [backend.ops.to_numpy(y) for y in outputs]
-
-
-def _needs(backend, dtype):
-    if backend.name == "tensorflow" and dtype in TENSORFLOW_LACKS:
-        pytest.skip(f"TensorFlow has no Cast kernels for {dtype}")
 
 
 def _assert_same(got, want):
@@ -79,11 +75,10 @@ CASTS = [(to, 1, "up") for to in NARROW] + [
 
 @pytest.mark.parametrize(("to", "saturate", "round_mode"), CASTS, ids=lambda v: str(v))
 def test_cast_from_float_rounds_and_saturates_as_the_onnx_reference(backend, to, saturate, round_mode):
-    _needs(backend, to)
     cast = node("Cast", ["x"], ["y"], to=NARROW[to], saturate=saturate, round_mode=round_mode)
     model = _model([cast], [info("x", TensorProto.FLOAT, [len(TRICKY)])], [info("y", NARROW[to], None)])
     x = TRICKY
-    if backend.name == "jax":  # XLA's CPU arithmetic flushes float32 subnormals to zero
+    if backend.name in ("jax", "tensorflow"):  # their CPU arithmetic flushes float32 subnormals to zero
         x = np.where(np.abs(x) < 2.0**-126, np.float32(0), x)
     (want,) = ReferenceEvaluator(model).run(None, {"x": x})
     (got,) = _run(backend, model, x)
@@ -92,7 +87,6 @@ def test_cast_from_float_rounds_and_saturates_as_the_onnx_reference(backend, to,
 
 @pytest.mark.parametrize("source", list(NARROW))
 def test_cast_from_a_narrow_type_gives_its_values(backend, source):
-    _needs(backend, source)
     x = TRICKY.astype(helper.tensor_dtype_to_np_dtype(NARROW[source]))
     cast = node("Cast", ["x"], ["y"], to=TensorProto.FLOAT)
     model = _model([cast], [info("x", NARROW[source], [len(x)])], [info("y", TensorProto.FLOAT, None)])
@@ -130,10 +124,6 @@ def test_bitcast_reads_the_same_bits_as_another_type(backend, x, to):
         [info("y", to, None)],
         opset=26,
     )
-    if backend.name == "tensorflow":  # its op set has no bitcast yet: a clear refusal
-        with pytest.raises(UnsupportedOp, match="bitcast"):
-            _run(backend, model, x)
-        return
     if backend.name == "jax" and x.dtype.itemsize == 8 and backend.ops.asarray(x).dtype.itemsize != 8:
         pytest.skip("JAX without x64 holds 64-bit values in 32 bits")
     (want,) = ReferenceEvaluator(model).run(None, {"x": x})
@@ -182,3 +172,25 @@ def test_unsigned_arithmetic_wraps_and_orders_as_unsigned(backend, op, attrs, dt
         pytest.skip("JAX without x64 holds uint64 as uint32")
     assert got.dtype == want.dtype
     np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("name", TENSORFLOW_HOLDS)
+def test_tensorflow_holds_the_formats_it_has_no_kernels_for_as_codes(name):
+    """TensorFlow's ops keep such a value as its ml_dtypes byte, report the format's name, survive
+    a reshape, and hand the same ml_dtypes array back."""
+    pytest.importorskip("tensorflow")
+    ops = xdevice.backend("tensorflow").ops
+    x = TRICKY.astype(helper.tensor_dtype_to_np_dtype(NARROW[name])).reshape(3, -1)
+    held = ops.reshape(ops.asarray(x), (-1,))
+    assert ops.dtype(held) == name
+    back = ops.to_numpy(held)
+    assert back.dtype == x.dtype
+    np.testing.assert_array_equal(back.view(np.uint8), x.reshape(-1).view(np.uint8))
+    _assert_same(ops.to_numpy(ops.cast(held, "float32")), x.reshape(-1).astype(np.float32))
+
+
+def test_tensorflow_refuses_a_bitcast_narrower_than_a_byte():
+    pytest.importorskip("tensorflow")
+    ops = xdevice.backend("tensorflow").ops
+    with pytest.raises(UnsupportedOp, match="narrower than a byte"):
+        ops.bitcast(ops.asarray(np.array([1, 2], np.uint8)), "int2")
