@@ -22,7 +22,10 @@ the step stays the same on one device, several, or several processes:
   ``grads`` is the gradient of the global batch (the replicas' weighted gradients summed);
 - ``compile(step)``: ``step`` compiled and run on every replica, the first one's results back;
   ``compile_donating(step, argnums)`` (a backend whose ``donates`` is True: JAX) also gives
-  those arguments' buffers to the outputs (see :func:`donating` for when a trainer asks).
+  those arguments' buffers to the outputs (see :func:`donating` for when a trainer asks);
+- ``sharded()``: the same devices with parameters, gradients and optimizer state sharded
+  across them instead of copied (``strategy="fsdp"``); ``shards`` says which a replicas object
+  does. An engine that cannot shard refuses here, by name, with the reason and the way that works.
 
 :class:`Replicas` itself is the one-device case and the defaults the engines build on.
 Importing this module imports no framework.
@@ -37,9 +40,25 @@ from xdevice import _registry
 from xdevice._device import Device
 from xdevice._errors import ConfigurationError, message
 
-__all__ = ["PRECISIONS", "Program", "Replicas", "donating"]
+__all__ = ["PRECISIONS", "STRATEGIES", "Program", "Replicas", "donating", "shard_axis"]
 
 PRECISIONS = ("float32", "bfloat16", "float16")
+
+#: how data parallelism holds the weights: a full copy per device, or a shard per device
+STRATEGIES = ("replicate", "fsdp")
+
+
+def shard_axis(shape: tuple[int, ...], count: int) -> int | None:
+    """The axis an array of ``shape`` is split along over ``count`` devices under
+    ``strategy="fsdp"``: its largest axis that ``count`` divides (the first of equals), or
+    None (the array is copied whole to every device: a scalar, or no axis divides).
+    One rule, read by the engine that shards and by the memory estimate.
+
+    >>> shard_axis((6, 16), 4), shard_axis((2,), 4), shard_axis((8, 8), 2), shard_axis((), 2)
+    (1, None, 0, None)
+    """
+    axes = [i for i, size in enumerate(shape) if size % count == 0 and size >= count]
+    return max(axes, key=lambda i: (shape[i], -i)) if count > 1 and axes else None
 
 
 def donating(kinds: Iterable[str]) -> bool:
@@ -116,6 +135,7 @@ class Replicas:
     """One device: nothing to split, sum or weigh. The defaults backends build on."""
 
     rank, count = 0, 1  # this replica's index (processes); how many replicas
+    shards = False  # params, gradients and optimizer state split across the replicas (fsdp)
 
     def __init__(self, backend: Any):
         self.backend = backend
@@ -145,3 +165,19 @@ class Replicas:
         if getattr(self.backend, "donates", False):
             return self.backend.jit(step, donate=donate)
         return self.compile(step)
+
+    def sharded(self) -> Replicas:
+        """These replicas with parameters, gradients and optimizer state sharded across the
+        devices (``strategy="fsdp"``). One device has nothing to shard; an engine that shards
+        overrides this, and the rest refuse with the way that works."""
+        if self.count == 1:
+            return self
+        raise ConfigurationError(
+            message(
+                f"{self.backend.title} cannot shard parameters across these {self.count} replicas (strategy='fsdp')",
+                received="strategy='fsdp'",
+                choices=STRATEGIES,
+                fix="train with strategy='replicate' (every replica holds the whole model), or build the model "
+                "with JAX, which shards in one process over devices=[...]",
+            )
+        )

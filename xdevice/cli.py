@@ -224,6 +224,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sizing.add_argument("--device", default="cpu", help="the device to fit (default cpu)")
     sizing.add_argument(
+        "--strategy",
+        default="replicate",
+        choices=["replicate", "fsdp"],
+        help="data parallel: every device holds the whole model (replicate), or a shard of it (fsdp)",
+    )
+    sizing.add_argument("--devices", type=int, default=1, help="how many devices the training spans (default 1)")
+    sizing.add_argument(
         "--remat",
         action="store_true",
         help="recompute each block's activations in the backward pass (bert, gpt2, llama, vit, resnet50)",
@@ -409,6 +416,8 @@ def _estimate_memory(args: argparse.Namespace) -> int:
         precision=args.precision,
         backend=args.backend,
         device=args.device,
+        strategy=args.strategy,
+        devices=args.devices,
         **({"remat": True} if args.remat else {}),
     )
     print(json.dumps(estimate.as_dict(), indent=2) if args.json else estimate)

@@ -85,6 +85,22 @@ class Replicas(training.Replicas):
 
         return run
 
+    def sharded(self) -> training.Replicas:
+        # Refused, never replicated in its place: Keras 3's distribution API (ModelParallel,
+        # LayoutMap) shards variables on the JAX backend only (its TensorFlow part is a prototype
+        # marked "DO NOT USE", without distribute_variable, in Keras 3.15 with TF 2.21), and
+        # tf.experimental.dtensor does not run under tf.distribute strategies, which this trainer
+        # steps with.
+        raise ConfigurationError(
+            message(
+                "TensorFlow cannot shard parameters across devices (strategy='fsdp'): Keras' distribution "
+                "API shards on the JAX backend only, and DTensor does not run under tf.distribute",
+                received=f"strategy='fsdp' over {self.count} replicas",
+                fix="train with strategy='replicate' (MirroredStrategy), or move the model to JAX "
+                "(model.to('jax') for a zoo model), which shards over devices=[...]",
+            )
+        )
+
 
 def _sizes(rows: int, count: int) -> list[int]:
     """Rows per replica: as even as possible, the first ones one larger."""

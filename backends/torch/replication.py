@@ -136,6 +136,18 @@ class ProcessReplicas(training.Replicas):
     def compile(self, step: Callable) -> Callable:
         return step
 
+    def sharded(self) -> training.Replicas:
+        if self.count == 1:
+            return self
+        raise ConfigurationError(
+            message(
+                "PyTorch's sharded data parallel across launched processes (FSDP2, fully_shard) is not built yet",
+                received=f"strategy='fsdp' in rank {self.rank} of {self.count}",
+                fix="train with strategy='replicate' (DistributedDataParallel), or build the model with JAX, "
+                "which shards over devices=[...] in one process",
+            )
+        )
+
 
 class Replication:
     def join_processes(self) -> None:

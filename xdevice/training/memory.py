@@ -15,8 +15,12 @@ Two figures side by side, as Accelerate's ``estimate-memory`` gives the first:
   the backward pass, or CUDA's peak on a GPU (PyTorch); TensorFlow's peak on a GPU.
 
 It then says whether the larger of them fits the device's memory, or the limit set with
-``xdevice.configure(memory_limit=...)``. Under data parallelism each device holds all the
-weights and state and its own rows: pass the rows per device as ``batch``.
+``xdevice.configure(memory_limit=...)``. Under data parallelism (``strategy="replicate"``)
+each device holds all the weights and state and its own rows: pass the rows per device as
+``batch``. Under ``strategy="fsdp"`` over ``devices=N`` each device holds its shard of every
+parameter, gradient and optimizer slot: the arrays split along the axis the engine splits
+them along (``shard_axis``) count 1/N, the others (no axis N divides) whole. The measurement
+stays the one-device step's.
 
 >>> estimate = estimate_memory("mlp", batch=32, optimizer="sgd", measure=False, hidden=[64])
 >>> estimate.parts["optimizer state"], estimate.parts["parameters"] == estimate.parts["gradients"]
@@ -68,6 +72,8 @@ class MemoryEstimate:
     batch: int
     optimizer: str
     precision: str
+    strategy: str
+    devices: int
     parts: dict[str, int]
     measured: dict[str, int] | None
     how: str | None
@@ -88,9 +94,10 @@ class MemoryEstimate:
         return None if self.available is None else self.needed <= self.available
 
     def __str__(self) -> str:
+        spread = "" if self.devices == 1 else f", {self.strategy} over {self.devices} devices"
         lines = [
             f"{self.model}: batch {self.batch} per device, {self.optimizer}, {self.precision}, "
-            f"{self.backend} on {self.device}",
+            f"{self.backend} on {self.device}{spread}",
             "",
         ]
         lines += [f"  {name:<22}{format_bytes(size):>12}" for name, size in self.parts.items()]
@@ -123,6 +130,8 @@ def estimate_memory(
     backend: str | None = None,
     device: Any = "cpu",
     measure: bool = True,
+    strategy: str = "replicate",
+    devices: int = 1,
     **spec: Any,
 ) -> MemoryEstimate:
     """Per-device memory for training ``model`` (a zoo name such as ``"cnn"``, with ``spec``, or
@@ -132,15 +141,19 @@ def estimate_memory(
         backend: the framework to measure with (default: the model's, or numpy for a name);
             numpy measures nothing.
         measure: compile (JAX) or run (PyTorch, TensorFlow on a GPU) one step to measure it.
+        strategy: ``"replicate"`` (each device holds every weight) or ``"fsdp"`` (each holds
+            its shard of the parameters, gradients and optimizer state).
+        devices: how many devices the data parallelism spans.
         **spec: the zoo model's hyper-parameters; ``remat=True`` (real-scale models) counts the
             activations that recomputing each block in the backward pass keeps.
 
     Raises:
-        ConfigurationError: an unknown optimizer or precision, or a batch below 1.
+        ConfigurationError: an unknown optimizer, precision or strategy, or a batch or device
+            count below 1.
         DeviceNotFound: ``backend`` has no such device (on a machine without a GPU: use the CPU).
     """
     from xdevice import models
-    from xdevice.backends.training import PRECISIONS
+    from xdevice.backends.training import PRECISIONS, STRATEGIES, shard_axis
     from xdevice.training.optimizers import optimizer as make_optimizer
 
     slots = len(make_optimizer(optimizer).slots)  # per-parameter state arrays (an unknown name: the choices)
@@ -150,11 +163,22 @@ def estimate_memory(
         raise ConfigurationError(
             message("batch is the rows per device", expected="an int of 1 or more", received=batch)
         )
+    if strategy not in STRATEGIES:
+        raise ConfigurationError(message("Unknown data-parallel strategy", received=strategy, choices=STRATEGIES))
+    if isinstance(devices, bool) or not isinstance(devices, int) or devices < 1:
+        raise ConfigurationError(
+            message("devices is how many devices the training spans", expected="an int of 1 or more", received=devices)
+        )
     reference = models.build(model, **spec) if isinstance(model, str) else model.to("numpy")
     backend = backend or (reference.backend if isinstance(model, str) else model.backend)
     where = _device(device, backend)
 
-    sizes = {k: v.nbytes for k, v in reference.numpy_params().items()}
+    split = devices if strategy == "fsdp" else 1
+
+    def per_device(value: Any) -> int:  # this device's shard of the array
+        return value.nbytes if shard_axis(value.shape, split) is None else value.nbytes // split
+
+    sizes = {k: per_device(v) for k, v in reference.numpy_params().items()}
     weights = sum(sizes.values())
     trained = sum(sizes[k] for k in reference.trainable)
     parts = {"parameters": weights, "gradients": trained, "optimizer state": slots * trained}
@@ -174,6 +198,8 @@ def estimate_memory(
         batch,
         optimizer,
         precision,
+        strategy,
+        devices,
         parts,
         measured,
         how,

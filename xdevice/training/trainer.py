@@ -70,6 +70,10 @@ class Trainer:
         devices: train data-parallel over these devices with the framework's own engine
             (JAX ``Mesh`` + ``NamedSharding``, TensorFlow ``MirroredStrategy``): the global
             batch is split across them and the gradients are averaged.
+        strategy: with ``devices``, ``"replicate"`` (every device holds the whole model and
+            optimizer state) or ``"fsdp"`` (JAX: each device holds a shard of the parameters,
+            gradients and optimizer state, about 1/N of them; after training they stay sharded,
+            :meth:`gather` brings them whole onto one device, and saving gathers).
         stages: split a sequential model layer-wise, stage ``i`` on ``stages[i]``, for models
             that do not fit one device: a ``torch.nn.Sequential`` (cut into runs of about equal
             parameter counts) or a list of stage models (see ``programs.staged``).
@@ -106,6 +110,7 @@ class Trainer:
         *,
         device: Any = None,
         devices: Sequence[Any] | None = None,
+        strategy: str = "replicate",
         stages: Sequence[Any] | None = None,
         precision: str = "float32",
         metrics: Sequence[str | Callable] | None = None,
@@ -167,7 +172,7 @@ class Trainer:
         self.schedule = self.optimizer.schedule
         jit = jit and self.program.compiles_whole  # a split model compiles stage by stage
         compile_ = self.backend.jit if jit else (lambda f: f)
-        self.replicas = replicate(devices, backend=self.backend.name)
+        self.replicas = replicate(devices, backend=self.backend.name, strategy=strategy)
         self.program.params = self.replicas.place_params(self.program.params)
         self.program.buffers = self.replicas.place_params(self.program.buffers)
         state = self.optimizer.init(self.ops, self.program.params)
@@ -473,13 +478,19 @@ class Trainer:
         self.history.model = self._handed_back()
         return self.history
 
-    def _handed_back(self) -> Any:
+    def gather(self) -> Any:
+        """The trained object with its arrays whole on the model's one device, also when they
+        are sharded (``strategy="fsdp"``); the trainer keeps its sharded copies."""
+        return self._handed_back(gathered=True)
+
+    def _handed_back(self, gathered: bool = False) -> Any:
         """The trained object with its arrays on the model's one device: replicas whose params
         span the devices (JAX's mesh) gather them, so the model runs outside the trainer; the
-        trainer keeps the replicated copies for the next step."""
+        trainer keeps the replicated copies for the next step. Sharded params (fsdp) stay
+        sharded unless ``gathered``: gathering them is the memory the sharding saves."""
         p, gather = self.program, getattr(self.replicas, "gather", None)  # only engines that need it
         self._shared = self._donate  # what is handed out stays valid: the next step trains copies
-        if gather is None:
+        if gather is None or (self.replicas.shards and not gathered):
             return p.result()
         kept = p.params, p.buffers
         p.params, p.buffers = gather(p.params, p.device), gather(p.buffers, p.device)
@@ -814,6 +825,7 @@ def fit(
     epochs: int = 1,
     device: Any = None,
     devices: Sequence[Any] | None = None,
+    strategy: str = "replicate",
     stages: Sequence[Any] | None = None,
     precision: str = "float32",
     metrics: Sequence[str | Callable] | None = None,
@@ -856,6 +868,7 @@ def fit(
             optimizer,
             device=device,
             devices=devices,
+            strategy=strategy,
             stages=stages,
             precision=precision,
             metrics=metrics,
