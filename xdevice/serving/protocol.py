@@ -9,13 +9,16 @@ mirror that: outputs the client asked for in binary (``binary_data_output`` or a
 Every malformed body raises ``BadRequest`` with what was wrong and what was expected. JSON
 ``data`` is either flat (as many values as the shape holds) or nested exactly as the shape
 is; its values must be of the datatype's kind (no ``null``, no ``true`` for a number, no
-fraction for an integer) and fit it (no overflow).
+fraction for an integer) and fit it (no overflow). A large flat JSON ``data`` array is
+decoded a slice of text at a time straight into its numpy array (:func:`_split_data`), so
+decoding holds the array and one slice's Python numbers, never a Python object per element.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
+import re
 import struct
 from typing import Any
 
@@ -132,7 +135,7 @@ def _region(what: str, parameters: dict) -> Region | None:
     return Region(name, size, offset)  # type: ignore[arg-type]  # checked to be ints above
 
 
-def decode_request(body: bytes, header_length: str | None) -> InferRequest:
+def decode_request(body: bytes | bytearray, header_length: str | None) -> InferRequest:
     """Parse an infer body into numpy arrays (strings arrive as an object array of bytes)."""
     split = len(body)
     if header_length is not None:
@@ -150,8 +153,11 @@ def decode_request(body: bytes, header_length: str | None) -> InferRequest:
                     received=split,
                 )
             )
+    skeleton, spans = _split_data(body, split)
     try:
-        header = orjson.loads(body[:split])
+        header = orjson.loads(skeleton)
+        if spans and _span_places(header) != set(range(len(spans))):  # a "data" that is not an input's
+            header, spans = orjson.loads(memoryview(body)[:split]), []
     except orjson.JSONDecodeError as error:
         raise BadRequest(
             message(
@@ -164,7 +170,7 @@ def decode_request(body: bytes, header_length: str | None) -> InferRequest:
         raise BadRequest(
             message("The request has no `inputs`", expected='{"inputs": [{"name", "shape", "datatype", "data"}]}')
         )
-    binary, offset = body[split:], 0
+    binary, offset = memoryview(body)[split:], 0
     inputs, datatypes, regions = {}, {}, {}
     for entry in header["inputs"]:
         name, datatype, shape = _tensor_header(entry)
@@ -185,7 +191,11 @@ def decode_request(body: bytes, header_length: str | None) -> InferRequest:
             inputs[name] = tensor_from_bytes(name, binary[offset : offset + size], datatype, shape)
             offset += size
         elif "data" in entry:
-            inputs[name] = _from_json(name, entry["data"], datatype, shape)
+            place = _span_place(entry["data"]) if spans else None
+            if place is None:
+                inputs[name] = _from_json(name, entry["data"], datatype, shape)
+            else:
+                inputs[name] = _from_json_text(name, body, spans[place], datatype, shape)
         else:
             raise BadRequest(
                 message(f"Input {name!r} has neither `data` nor a binary_data_size nor a shared_memory_region")
@@ -298,19 +308,29 @@ def _tensor_header(entry: Any) -> tuple[str, str, tuple[int, ...]]:
 
 def _from_json(name: str, data: Any, datatype: str, shape: tuple[int, ...]) -> np.ndarray:
     flat = _flatten(name, data, shape)
-    if len(flat) != math.prod(shape):
+    _check_count(name, len(flat), shape)
+    return _checked(name, flat, datatype).reshape(shape)
+
+
+def _check_count(name: str, found: int, shape: tuple[int, ...]) -> None:
+    if found != math.prod(shape):
         raise BadRequest(
             message(
                 f"Input {name!r}: the data does not match the shape",
                 expected=f"{math.prod(shape)} values for shape {list(shape)}",
-                received=f"{len(flat)} values",
+                received=f"{found} values",
             )
         )
+
+
+def _checked(name: str, flat: list, datatype: str) -> np.ndarray:
+    """A flat list of JSON values as a 1-D array of ``datatype``, each value checked to be of
+    the datatype's kind and to fit it."""
     kinds = set(map(type, flat))
     if datatype == "BYTES":
         if kinds - {str}:
             raise BadRequest(message(f"Input {name!r}: BYTES data in JSON must be strings", received=_odd(flat, {str})))
-        return np.array([v.encode() for v in flat], dtype=object).reshape(shape)
+        return np.array([v.encode() for v in flat], dtype=object)
     if datatype == "BF16":
         raise BadRequest(
             message(f"Input {name!r}: BF16 cannot be sent as JSON", fix="send it in binary (the client's default)")
@@ -336,9 +356,97 @@ def _from_json(name: str, data: Any, datatype: str, shape: tuple[int, ...]) -> n
                     f"{low if low < np.iinfo(dtype).min else high} is beyond {datatype}'s range "
                     f"({np.iinfo(dtype).min}..{np.iinfo(dtype).max})"
                 )
-        return wide.astype(dtype).reshape(shape)
+        return wide.astype(dtype)
     except (TypeError, ValueError, OverflowError) as error:
         raise BadRequest(message(f"Input {name!r}: the data do not fit {datatype}", received=str(error))) from None
+
+
+#: JSON headers at least this long have their flat ``data`` arrays decoded slice by slice
+SPLIT_FROM = 256 * 2**10
+#: bytes of a ``data`` array's text parsed at a time
+SLICE = 2**20
+_DATA_KEY = re.compile(rb'"data"[ \t\r\n]*:[ \t\r\n]*\[')
+_PLACE = "\x00xdevice-data:"  # what stands for an array's text in the header parsed whole
+
+
+def _split_data(body: bytes | bytearray, split: int) -> tuple[Any, list[tuple[int, int]]]:
+    """The JSON header ``body[:split]`` with each flat ``"data": [...]`` array (no nesting, no
+    strings, no objects) replaced by a short placeholder string, and where each array's text
+    lies in ``body`` (between its brackets); ``(header, [])`` for a small header.
+
+    Every match's ``[`` is structure, never inside a string (a ``"`` inside a string is
+    escaped, so ``"data"`` followed by ``:`` ends one); whether it is an input's ``data`` is
+    checked once the skeleton is parsed (:func:`_span_places`).
+
+    >>> _split_data(b'{"inputs": [{"data": [1, 2]}]}' + b" " * SLICE, 31 + SLICE)[1]
+    [(22, 26)]
+    """
+    whole = memoryview(body)[:split]
+    if split < SPLIT_FROM or body.find(b"xdevice-data:", 0, split) != -1:
+        return whole, []
+    parts: list[Any] = []
+    spans: list[tuple[int, int]] = []
+    done = 0
+    found = _DATA_KEY.search(body, 0, split)
+    while found is not None:
+        start = found.end()
+        end = body.find(b"]", start, split)
+        if end == -1:
+            break  # not valid JSON: the parser says so
+        if all(body.find(c, start, end) == -1 for c in (b"[", b"{", b'"')):
+            parts += [whole[done : start - 1], orjson.dumps(f"{_PLACE}{len(spans)}")]
+            spans.append((start, end))
+            done = end + 1
+        found = _DATA_KEY.search(body, max(start, done), split)
+    if not spans:
+        return whole, []
+    return b"".join([*parts, whole[done:]]), spans
+
+
+def _span_place(value: Any) -> int | None:
+    """The span a placeholder names (None: ``value`` is not a placeholder)."""
+    if isinstance(value, str) and value.startswith(_PLACE):
+        return int(value[len(_PLACE) :])
+    return None
+
+
+def _span_places(header: Any) -> set[int]:
+    """The placeholders found as inputs' ``data``; anywhere else, the set is not complete."""
+    inputs = header.get("inputs") if isinstance(header, dict) else None
+    if not isinstance(inputs, list):
+        return set()
+    named = [_span_place(entry.get("data")) for entry in inputs if isinstance(entry, dict)]
+    places = [p for p in named if p is not None]
+    return set(places) if len(places) == len(set(places)) else set()
+
+
+def _from_json_text(
+    name: str, body: bytes | bytearray, span: tuple[int, int], datatype: str, shape: tuple[int, ...]
+) -> np.ndarray:
+    """A flat JSON array's text, ``body[start:end]``, as an array of ``shape``, parsed and
+    checked ``SLICE`` bytes at a time straight into the result (the checks and errors of
+    :func:`_from_json`)."""
+    start, end = span
+    commas = body.count(b",", start, end)
+    found = commas + 1 if commas or bytes(body[start:end]).strip() else 0
+    _check_count(name, found, shape)
+    if datatype == "BF16":
+        _checked(name, [], datatype)
+    out = np.empty(found, dtype=object if datatype == "BYTES" else FROM_V2[datatype])
+    at, filled = start, 0
+    while at < end:
+        cut = end if end - at <= SLICE else body.rfind(b",", at, at + SLICE)
+        cut = end if cut <= at else cut
+        try:
+            values = orjson.loads(b"[" + bytes(body[at:cut]) + b"]")
+        except orjson.JSONDecodeError as error:
+            raise BadRequest(
+                message(f"The request is not valid JSON (input {name!r}: `data`)", received=str(error)[:200])
+            ) from None
+        piece = _checked(name, values, datatype)
+        out[filled : filled + len(piece)] = piece
+        filled, at = filled + len(piece), cut + 1
+    return out.reshape(shape)
 
 
 def _odd(values: list, allowed: set) -> str:
@@ -380,13 +488,13 @@ def _flatten(name: str, data: Any, shape: tuple[int, ...]) -> list:
 
 
 def tensor_from_bytes(
-    name: str, raw: bytes, datatype: str, shape: tuple[int, ...], field: str = "binary_data_size"
+    name: str, raw: bytes | memoryview, datatype: str, shape: tuple[int, ...], field: str = "binary_data_size"
 ) -> np.ndarray:
     """One input's raw bytes (binary HTTP, gRPC's ``raw_input_contents``) as an array of
     ``shape``; ``field`` is what carried them, as errors name it."""
     count = math.prod(shape)
     if datatype == "BYTES":
-        items = decode_bytes(raw, name)
+        items = decode_bytes(bytes(raw), name)  # each element its own bytes, not a view
         if len(items) != count:
             raise BadRequest(
                 message(

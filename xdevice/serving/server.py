@@ -134,7 +134,10 @@ def rest_app(
                 status, _, text = error_status(failure)
                 if status == 500:
                     logger.exception("unexpected failure on %s", request.url.path)
-                return _reply({"error": text}, status)
+                reply = _reply({"error": text}, status)
+                if status in _UNREAD_BODY:  # the rest of the body is not read: close, not keep-alive
+                    reply.headers["connection"] = "close"
+                return reply
 
         return Route(path, endpoint, methods=[method])
 
@@ -325,7 +328,13 @@ async def _read_json(request, limit: int) -> dict:
     return parsed
 
 
-async def _read_body(request, limit: int) -> bytes:
+async def _read_body(request, limit: int) -> bytes | bytearray:
+    """The request body, decompressed, read no further than ``limit`` bytes.
+
+    A body declared (``Content-Length``) or found (chunked) to be larger is refused with 413
+    as soon as that is known: what arrived is let go of at once (not kept alive by the
+    exception's traceback), and the answer closes the connection, so the rest is never read.
+    The body is returned as the buffer it was read into (no copy)."""
     declared = request.headers.get("content-length")
     if declared is not None:
         if not declared.isdigit():
@@ -339,18 +348,23 @@ async def _read_body(request, limit: int) -> bytes:
             )
     body = bytearray()
     async for chunk in request.stream():  # also bounds bodies sent without a Content-Length
-        body += chunk
-        if len(body) > limit:
+        if len(body) + len(chunk) > limit:
+            body.clear()  # free it now, whoever still holds this frame
             raise BadRequest(message("The request body is too large", expected=f"at most {limit} bytes"), status=413)
+        body += chunk
     coding = request.headers.get("content-encoding", "identity").strip().lower()
-    return bytes(body) if coding == "identity" else _decompress(bytes(body), coding, limit)
+    return body if coding == "identity" else _decompress(body, coding, limit)
+
+
+#: statuses answered before the body was read to its end: the connection is closed after them
+_UNREAD_BODY = (408, 413)
 
 
 #: Content-Encoding -> zlib's wbits for it (``deflate`` is zlib's format, as HTTP means it)
 _CODINGS = {"gzip": 31, "deflate": 15}
 
 
-def _decompress(body: bytes, coding: str, limit: int) -> bytes:
+def _decompress(body: bytes | bytearray, coding: str, limit: int) -> bytes:
     """A compressed request body (``Content-Encoding: gzip`` or ``deflate``, as
     ``tritonclient`` sends with ``request_compression_algorithm``) decoded, never past
     ``limit`` bytes: a body that would grow beyond it is refused (413) as it is decoded."""
