@@ -9,7 +9,7 @@ import pytest
 
 tf = pytest.importorskip("tensorflow")
 
-from xdevice.backends.tensorflow.autodiff import Autodiff  # noqa: E402
+from xdevice.backends.tensorflow.autodiff import Autodiff  # noqa: E402 - after the importorskip above
 
 
 def _step(params, state, x, lr):

@@ -10,7 +10,7 @@ import pytest
 
 tf = pytest.importorskip("tensorflow")
 
-from xdevice.backends.tensorflow.ops import TensorflowOps  # noqa: E402
+from xdevice.backends.tensorflow.ops import TensorflowOps  # noqa: E402 - after the importorskip above
 
 ops = TensorflowOps()
 rng = np.random.default_rng(0)
