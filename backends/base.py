@@ -245,9 +245,11 @@ class Backend(abc.ABC):
         and the value returned is ``(scalar, aux)``; ``aux`` is not differentiated."""
 
     @abc.abstractmethod
-    def jit(self, fn: Callable[..., Any]) -> Callable[..., Any]:
+    def jit(self, fn: Callable[..., Any], donate: tuple[int, ...] = ()) -> Callable[..., Any]:
         """``fn`` compiled the framework's way (``jax.jit``, ``tf.function``; PyTorch runs
-        eagerly, so ``fn`` itself)."""
+        eagerly, so ``fn`` itself). ``donate``: positions of arguments whose buffers the
+        compiled function may reuse for its results (JAX's ``donate_argnums``, asked for only
+        where ``Replicas`` says the backend donates); others ignore it."""
 
     def capture(self, fn: Callable[..., Any], *example_args: Any) -> Callable[..., Any]:
         """``fn`` (a pure function of pytrees of this framework's arrays) as the framework's

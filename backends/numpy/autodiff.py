@@ -616,7 +616,7 @@ class Autodiff:
         grads = {name: tape.get(id(leaf), np.zeros_like(leaf.value)) for name, leaf in leaves.items()}
         return ((out.value, aux) if has_aux else out.value), grads
 
-    def jit(self, fn: Callable[..., Any]) -> Callable[..., Any]:
+    def jit(self, fn: Callable[..., Any], donate: tuple[int, ...] = ()) -> Callable[..., Any]:
         return fn
 
 

@@ -33,7 +33,7 @@ class Autodiff:
         grads = {name: tf.convert_to_tensor(grad) for name, grad in grads.items()}
         return ((out, aux) if has_aux else out), grads
 
-    def jit(self, fn: Callable[..., Any]) -> Callable[..., Any]:
+    def jit(self, fn: Callable[..., Any], donate: tuple[int, ...] = ()) -> Callable[..., Any]:
         return Compiled(fn)
 
 

@@ -41,7 +41,7 @@ class Autodiff:
             name: torch.zeros_like(leaf) if grads.get(name) is None else grads[name] for name, leaf in leaves.items()
         }
 
-    def jit(self, fn: Callable[..., Any]) -> Callable[..., Any]:
+    def jit(self, fn: Callable[..., Any], donate: tuple[int, ...] = ()) -> Callable[..., Any]:
         return fn
 
     def capture(self, fn: Callable[..., Any], *example_args: Any) -> Callable[..., Any]:
