@@ -12,6 +12,7 @@ pytest.importorskip("onnx", reason="ONNX detection-op tests need onnx (pip insta
 from onnx import TensorProto, helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
 
+from tests.converters.graphs import onnx_model
 from xdevice import ConversionError
 from xdevice.converters.importer import from_onnx
 
@@ -20,10 +21,7 @@ FLOAT, INT64 = TensorProto.FLOAT, TensorProto.INT64
 
 
 def _model(nodes, inputs, outputs, initializers=(), opset=22):
-    graph = helper.make_graph(nodes, "detection", inputs, outputs, list(initializers))
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
-    model.ir_version = 10
-    return model
+    return onnx_model(nodes, inputs, outputs, initializers, opset=opset)
 
 
 def _const(name, value, dtype=np.float32):

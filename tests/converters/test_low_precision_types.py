@@ -11,6 +11,7 @@ from onnx import TensorProto, helper
 from onnx.reference import ReferenceEvaluator
 
 import xdevice
+from tests.converters.graphs import onnx_model
 from xdevice import UnsupportedOp
 from xdevice.converters.importer import from_onnx
 
@@ -40,10 +41,7 @@ TENSORFLOW_HOLDS = ("int2", "uint2", "float8_e4m3fnuz", "float8_e5m2fnuz", "floa
 
 
 def _model(nodes, inputs, outputs, opset=25):
-    graph = helper.make_graph(nodes, "types", inputs, outputs)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
-    model.ir_version = 11
-    return model
+    return onnx_model(nodes, inputs, outputs, opset=opset, ir=11)
 
 
 def _run(backend, model, *inputs):

@@ -11,6 +11,7 @@ pytest.importorskip("onnx", reason="ONNX ml-op tests need onnx (pip install onnx
 from onnx import TensorProto, helper
 from onnx.reference import ReferenceEvaluator
 
+from tests.converters.graphs import onnx_model
 from xdevice import UnsupportedOp
 from xdevice.converters.importer import from_onnx
 
@@ -19,11 +20,7 @@ ML, TRAINING = "ai.onnx.ml", "ai.onnx.preview.training"
 
 
 def _model(nodes, inputs, outputs):
-    graph = helper.make_graph(nodes, "ml", inputs, outputs)
-    opsets = [helper.make_opsetid(domain, version) for domain, version in (("", 20), (ML, 5), (TRAINING, 1))]
-    model = helper.make_model(graph, opset_imports=opsets)
-    model.ir_version = 10
-    return model
+    return onnx_model(nodes, inputs, outputs, opset=20, domains={ML: 5, TRAINING: 1})
 
 
 def _run_compiled(backend, model, *inputs):

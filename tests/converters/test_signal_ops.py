@@ -10,6 +10,7 @@ pytest.importorskip("onnx", reason="ONNX signal-op tests need onnx (pip install 
 from onnx import TensorProto, helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
 
+from tests.converters.graphs import onnx_model
 from xdevice import ConversionError
 from xdevice.converters.importer import from_onnx
 
@@ -17,10 +18,7 @@ node, info = helper.make_node, helper.make_tensor_value_info
 
 
 def _model(nodes, inputs, outputs, initializers=(), opset=20):
-    graph = helper.make_graph(nodes, "signal", inputs, outputs, list(initializers))
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
-    model.ir_version = 10
-    return model
+    return onnx_model(nodes, inputs, outputs, initializers, opset=opset)
 
 
 def _int(name, value):

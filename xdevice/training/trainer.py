@@ -213,14 +213,14 @@ class Trainer:
         return params, buffers, state, self._packed({"loss": loss, **metrics, **skipped})
 
     def _packed(self, values: dict[str, Any]) -> Any:
-        """A step's loss and metrics as one vector when they are scalars of one dtype, stacked
-        inside the (compiled) step: read back in one host transfer, with no op run after the
-        step to gather them; otherwise the dict as it is. ``_names`` records the order."""
+        """A step's loss and metrics as one vector when they are scalars, stacked in the loss's
+        dtype inside the (compiled) step: read back in one host transfer, with no op run after
+        the step to gather them; otherwise the dict as it is. ``_names`` records the order."""
         ops, arrays = self.ops, list(values.values())
         self._names = list(values)
-        one_kind = len({str(ops.dtype(v)) for v in arrays}) == 1
-        if len(arrays) > 1 and one_kind and all(tuple(ops.shape(v)) == () for v in arrays):
-            return ops.stack(arrays)
+        if len(arrays) > 1 and all(tuple(ops.shape(v)) == () for v in arrays):
+            dtype = ops.dtype(values["loss"])
+            return ops.stack([ops.cast(v, dtype) for v in arrays])
         return values
 
     def _gradients(self, params, buffers, state, x, y):
@@ -338,7 +338,7 @@ class Trainer:
         self.program.write_back()
         self.step_count += 1
         if isinstance(results, dict):
-            values = self._floats(results)
+            values = {k: self._float(v) for k, v in results.items()}
         else:  # one host transfer: it waits for the step to finish
             values = dict(zip(self._names, (float(v) for v in self.ops.to_numpy(results))))
         return values.pop("loss"), values, rows
@@ -690,22 +690,6 @@ class Trainer:
 
     def _float(self, value: Any) -> float:
         return float(self.ops.to_numpy(value))
-
-    def _floats(self, values: dict[str, Any]) -> dict[str, float]:
-        """``values`` (a step's loss and metrics) as Python floats in one host transfer per
-        dtype, not one per value: each transfer waits for the device to finish the step."""
-        arrays = {k: v for k, v in values.items() if not isinstance(v, (int, float))}
-        scalars = all(tuple(self.ops.shape(v)) == () for v in arrays.values())
-        if len(arrays) < 2 or not scalars:
-            return {k: self._float(v) for k, v in values.items()}
-        by_dtype: dict[str, list[str]] = {}
-        for name, value in arrays.items():
-            by_dtype.setdefault(str(self.ops.dtype(value)), []).append(name)
-        found = {k: float(v) for k, v in values.items() if k not in arrays}
-        for names in by_dtype.values():
-            host = self.ops.to_numpy(self.ops.stack([arrays[k] for k in names]))
-            found.update(zip(names, (float(v) for v in host)))
-        return {k: found[k] for k in values}
 
 
 def _rules(model: Any, loss: str | None, trained: Any) -> Rules:
