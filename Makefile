@@ -39,8 +39,13 @@ test: lint
 # The longer sets behind the realworld marker: the whole real-model suite (tests/realworld:
 # transformers, keras.applications, Flax, equinox), the rest of the conversion matrix and JAX's
 # run of the ONNX conformance list; `make test` runs their smoke cases only.
-test-models: $(STAMP)
+# Ray Train (the deploy/training/ray_train.py test) is installed for this set only.
+test-models: $(STAMP) $(VENV)/.installed-ray
 	$(BIN)/python -m pytest -m realworld --durations=25
+
+$(VENV)/.installed-ray: $(STAMP)
+	$(BIN)/python -m pip install -q -c constraints/$(PLATFORM).txt -e '.[ray]'
+	touch $@
 
 # On a GPU machine with this repository installed in its own Python (the lent GPU box has
 # no registry access), run `make test-gpu VENV_PYTHON=python3`.
