@@ -86,6 +86,24 @@ def test_a_checkpoint_of_a_sharded_run_holds_whole_arrays(jax_devices, tmp_path)
 
 
 @pytest.mark.multi_device
+def test_a_checkpoint_saved_on_four_devices_resumes_sharded_on_two(jax_devices, tmp_path):
+    """Saved from 4 shards, loaded into a 2-device fsdp trainer: split in 2, and the next
+    epoch (optimizer state included) goes as it would have gone on the 4 devices."""
+    trainer, _, _ = train(jax_devices[:4], "fsdp")
+    trainer.save(str(tmp_path))
+    model = models.build("mlp", backend="jax", **SPEC)
+    resumed = Trainer(model, optimizer="adam", lr=0.01, devices=jax_devices[:2], strategy="fsdp").load(str(tmp_path))
+    on_two = resumed.fit(data(), epochs=2, batch_size=8, verbose=0, seed=0)
+    on_four = trainer.fit(data(), epochs=2, batch_size=8, verbose=0, seed=0)
+    assert len(on_two.steps) == len(on_four.steps) == 2 * STEPS  # the checkpoint's history, then epoch 2
+    np.testing.assert_allclose(on_two.steps[STEPS:], on_four.steps[STEPS:], rtol=1e-5)
+    weight = resumed.program.params["dense0.weight"]
+    assert [shard.data.shape for shard in weight.addressable_shards] == [(6, 8)] * 2
+    for key, value in trainer.weights().items():
+        np.testing.assert_allclose(resumed.weights()[key], value, rtol=0, atol=1e-5, err_msg=key)
+
+
+@pytest.mark.multi_device
 @pytest.mark.parametrize("count", [1, 2, 4])
 def test_the_memory_estimate_is_what_each_device_holds_under_fsdp(jax_devices, count):
     trainer, _, _ = train(jax_devices[:count], "fsdp")
