@@ -347,7 +347,14 @@ def _channels_first(y: Array) -> Array:
     """Channels-last ``y`` transposed to the API's channels-first layout. While tracing, the
     result remembers ``y`` (see ``_viewed``): when only our ops read it, the transpose is pruned."""
     rank = y.shape.rank
-    x = tf.transpose(y, (0, rank - 1, *range(1, rank - 1)))
+    perm = (0, rank - 1, *range(1, rank - 1))
+    if tf.executing_eagerly() or not record.could_possibly_record():
+        x = tf.transpose(y, perm)
+    else:  # recorded by hand: its gradient is _transposed, not the gradient registered for Transpose
+        with record.stop_recording():
+            x = tf.transpose(y, perm)
+        back = (0, *range(2, rank), 1)
+        record.record_operation("ChannelsFirst", [x], [y], lambda g: [_transposed(g, back)])
     if not tf.executing_eagerly():
         if not hasattr(x.graph, "_xdevice_views"):
             x.graph._xdevice_views = {}
@@ -376,17 +383,78 @@ def _viewed(x: Array) -> Array | None:
 def _as_transpose_of(y: Array, x: Array) -> Array:
     """``y`` (which equals ``transpose(x, to channels-last)``) recorded on the tapes as that
     transpose of ``x``: its gradient goes back to ``x`` through the inverse transpose, and
-    from ``x`` through ``x``'s own transpose to ``y``; Grappler cancels the adjacent pair.
+    from ``x`` through ``x``'s own transpose to ``y``, the pair built as none (``_transposed``).
     Recorded on ``x`` alone, so no gradient is counted twice."""
     with record.stop_recording():
         out = tf.identity(y)
     rank = y.shape.rank
 
     def backward(g):
-        return [tf.transpose(g, (0, rank - 1, *range(1, rank - 1)))]
+        return [_transposed(g, (0, rank - 1, *range(1, rank - 1)))]
 
     record.record_operation("ChannelsLastView", [out], [x], backward)
     return out
+
+
+def _transposed(g: Array, perm: tuple[int, ...]) -> Array:
+    """``transpose(g, perm)`` for a gradient flowing back through a layout change, built
+    without the transpose where ``g`` is (a sum of) transposes by the inverse permutation.
+
+    A channels-first tensor read by several of our ops gets its gradient as the tape's sum of
+    the channels-first readers' gradients, each a transpose of a channels-last gradient; the
+    channels-first -> channels-last transpose after that sum is one Grappler does not cancel
+    (one pair, or more, per layer of a training step). The sum is taken channels-last instead."""
+    undone = _undone(g, perm)
+    return tf.transpose(g, perm) if undone is None else undone
+
+
+def _undone(g: Array, perm: tuple[int, ...]) -> Array | None:
+    """``transpose(g, perm)`` read off the graph where ``g`` is, or sums, transposes by the
+    inverse of ``perm`` (the rest of a sum transposed once); None if no term is."""
+    op = None if tf.executing_eagerly() else getattr(g, "op", None)
+    if op is not None and op.type == "Transpose":
+        p = tf.get_static_value(op.inputs[1])
+        return op.inputs[0] if p is not None and [int(p[i]) for i in perm] == list(range(len(perm))) else None
+    if op is None or op.type not in ("AddN", "AddV2") or any(a.shape.rank != len(perm) for a in op.inputs):
+        return None
+    terms = [(a, _undone(a, perm)) for a in op.inputs]
+    if all(u is None for _, u in terms):
+        return None
+    rest = [a for a, u in terms if u is None]
+    undone = [u for _, u in terms if u is not None]
+    if rest:
+        undone.append(tf.transpose(rest[0] if len(rest) == 1 else tf.add_n(rest), perm))
+    return undone[0] if len(undone) == 1 else tf.add_n(undone)
+
+
+def _transpose_source(b: Array) -> Array | None:
+    """While tracing, the matrix that 2-D ``b`` is ``transpose(., (1, 0))`` of; else None."""
+    op = None if tf.executing_eagerly() or b.shape.rank != 2 else getattr(b, "op", None)
+    if op is None or op.type != "Transpose":
+        return None
+    perm = tf.get_static_value(op.inputs[1])
+    return op.inputs[0] if perm is not None and list(perm) == [1, 0] else None
+
+
+def _matmul_transposed(a: Array, b: Array, stored: Array) -> Array:
+    """``a @ b`` for ``b = stored.T`` as one ``MatMul`` reading ``stored`` as it is
+    (``transpose_b``), over ``a`` flattened to 2-D: a tied language-model head
+    ``h @ embedding.T`` copies the whole embedding otherwise (1 GB for Llama 3.2 1B's) on
+    every call, and its gradient back. Recorded on the tape against ``a`` and ``b`` itself,
+    so a gradient with respect to ``b`` is still there when asked for; the pair of transposes
+    its gradient then makes on the way to ``stored`` is adjacent, and Grappler cancels it."""
+    a = tf.convert_to_tensor(a)  # a variable's read, which the tape records
+    flat = tf.reshape(a, (-1, a.shape[-1] if a.shape[-1] is not None else tf.shape(a)[-1]))
+    with record.stop_recording():
+        y = tf.reshape(tf.linalg.matmul(flat, stored, transpose_b=True), _static(a)[:-1] + [b.shape[-1]])
+
+    def backward(g):
+        g = tf.reshape(g, (-1, b.shape[-1] if b.shape[-1] is not None else tf.shape(b)[-1]))
+        grad_a = tf.reshape(tf.linalg.matmul(g, stored), tf.shape(a))
+        return [grad_a, tf.transpose(tf.linalg.matmul(g, flat, transpose_a=True))]
+
+    record.record_operation("MatMulTransposed", [y], [a, b], backward)
+    return y
 
 
 def _sunk(x: Array, perm: tuple[int, ...]) -> Array | None:
@@ -672,6 +740,9 @@ class TensorflowOps(Ops):
             return self.matmul(a, b[:, None])[..., 0]
         if a.shape.rank == 1:
             return self.matmul(a[None], b)[..., 0, :]
+        stored = _transpose_source(b)
+        if stored is not None and a.shape.rank >= 2:
+            return _matmul_transposed(a, b, stored)
         if a.shape.rank > 2 and b.shape.rank == 2:
             # one 2-D matmul over the flattened batch: a broadcast batched matmul would reduce
             # a per-batch weight gradient

@@ -80,3 +80,25 @@ def test_forward_without_tape_prunes_the_chain_transposes():
     f = tf.function(lambda: block(tf.constant(X), W1, W2, SCALE, OFFSET)[0])
     assert len(optimized_transposes(f)) <= 4, optimized_transposes(f)  # input, two weights, output
     np.testing.assert_allclose(f().numpy(), block(tf.constant(X), W1, W2, SCALE, OFFSET)[0].numpy(), rtol=1e-5)
+
+
+def test_weight_gradients_take_no_transposes_between_layers():
+    # h is read by batch norm's statistics, its normalisation and the residual add: the tape
+    # sums three channels-first gradients, which ops.py sums channels-last instead (_undone)
+    weights = [tf.Variable(v) for v in (W1, W2, SCALE, OFFSET)]
+
+    @tf.function
+    def step():
+        with tf.GradientTape() as tape:
+            out, _ = block(tf.constant(X), *weights)
+            loss = tf.reduce_sum(tf.square(out))
+        return tape.gradient(loss, weights)
+
+    # the input, two weights, the pooled result and its gradient, two weight gradients: a sum
+    # transposed back after the tape's AddN (as before _undone) leaves 10
+    assert len(optimized_transposes(step)) <= 6, optimized_transposes(step)
+    with tf.GradientTape() as tape:  # eager: every transpose runs, nothing is rewritten
+        out, _ = block(tf.constant(X), *weights)
+        loss = tf.reduce_sum(tf.square(out))
+    for g, e in zip(step(), tape.gradient(loss, weights)):
+        np.testing.assert_allclose(g.numpy(), e.numpy(), rtol=2e-4, atol=2e-5)
