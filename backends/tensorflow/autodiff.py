@@ -36,6 +36,14 @@ class Autodiff:
     def jit(self, fn: Callable[..., Any], donate: tuple[int, ...] = ()) -> Callable[..., Any]:
         return Compiled(fn)
 
+    def capture(self, fn: Callable[..., Any], *example_args: Any) -> Callable[..., Any]:
+        # a function of tensors whose Python runs once, while traced (an imported graph's
+        # interpreter): traced as written, without autograph. Converting it gains nothing, and
+        # autograph's cache of converted functions once handed the interpreter's call of
+        # ops.asarray another function's conversion (tests/converters/test_plan.py, after the
+        # conformance suite had traced CumProd)
+        return Compiled(fn, autograph=False)
+
 
 class Compiled:
     """``fn`` under ``tf.function``, called the quick way. Each kind of call (how the arguments
@@ -54,8 +62,10 @@ class Compiled:
     1
     """
 
-    def __init__(self, fn: Callable[..., Any]):
-        self.function = tf.function(fn)  # traces fn; called as it is when the quick way cannot be taken
+    def __init__(self, fn: Callable[..., Any], autograph: bool = True):
+        # traces fn; called as it is when the quick way cannot be taken
+        self.function = tf.function(fn, autograph=autograph)
+        self.autograph = autograph
         self.traces = 0  # kinds of call traced the quick way
         self._calls: dict[Any, tuple[Any, Any] | None] = {}  # kind -> (flat function, result's layout)
 
@@ -94,7 +104,7 @@ class Compiled:
             return outputs
 
         specs = [tf.TensorSpec(t.shape, t.dtype) for t in tensors]
-        concrete = tf.function(flat).get_concrete_function(*specs)
+        concrete = tf.function(flat, autograph=self.autograph).get_concrete_function(*specs)
         self.traces += 1
         return None if layouts[-1] is None else (concrete, layouts[-1])
 

@@ -15,7 +15,10 @@ Work that does not depend on the data is done once, not per call: every node's h
 resolved when the model is loaded (``Graph.bind``), and a :class:`Plan` per input signature
 (shapes and dtypes) remembers the outputs of every node that folded to a value fixed by the
 signature alone (constants, shapes and the arithmetic over them), so a later call with the
-same signature runs only the nodes that compute on data.
+same signature runs only the nodes that compute on data. Nodes that compute on the weights
+alone (an exporter's reordering of an LSTM's gates, a transposed weight) are found by
+:func:`weight_only`: an ``ImportedModel`` call runs them once and hands their results to the
+captured program instead of the weights (``run_graph(..., skip=...)``).
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import functools
-from collections.abc import Iterable
+from collections.abc import Collection, Container, Iterable
 from typing import Any
 
 import numpy as np
@@ -38,7 +41,9 @@ __all__ = [
     "Optional",
     "Plan",
     "run_graph",
+    "run_nodes",
     "unsupported",
+    "weight_only",
     "numpy_of",
     "ONNX_DTYPES",
     "onnx_dtype",
@@ -212,9 +217,12 @@ def unsupported(graph: Graph) -> list[str]:
 class Plan:
     """What one input signature fixes in a graph: the outputs of the nodes that folded to
     values determined by the signature alone, by node position. The first run records them;
-    later runs with the same signature take them instead of running those nodes."""
+    later runs with the same signature take them instead of running those nodes. The
+    initializers named in ``weights`` are never fixed: they can change between calls, even
+    where the backend holds them as numpy arrays."""
 
-    def __init__(self):
+    def __init__(self, weights: Collection[str] = ()):
+        self.weights = weights
         self.folded: dict[int, tuple] = {}
         self.recording = True
         self.fixed: set[str] = set()  # value names fixed by the signature, while recording
@@ -335,12 +343,58 @@ def numpy_of(value: Any, ops) -> Any:
     return np.asarray(ops.to_numpy(value))
 
 
-def run_graph(graph: Graph, ctx: Context, values: dict[str, Any], plan: Plan | None = None) -> list[Any]:
+def weight_only(graph: Graph, weights: Collection[str]) -> list[int]:
+    """Positions of the nodes of ``graph`` (not its subgraphs) that compute on ``weights`` and
+    constants alone, directly or through other such nodes: their outputs are the same on every
+    call until a weight changes. Random nodes, nodes with subgraphs and shape reads (whose
+    outputs are known when the graph is built anyway) are left out.
+
+    >>> import onnx
+    >>> from onnx import helper
+    >>> nodes = [helper.make_node("Transpose", ["w"], ["wt"]), helper.make_node("MatMul", ["x", "wt"], ["y"])]
+    >>> proto = helper.make_graph(nodes, "g", [], [], [onnx.numpy_helper.from_array(np.ones((2, 2), "float32"), "w")])
+    >>> weight_only(Graph(proto, {"": 17}), {"w"})
+    [0]
+    """
+    derived = set(weights)
+    fixed = set(graph.initializers) - derived  # constants: initializers and what folds from them alone
+    found = []
+    for index, node in enumerate(graph.nodes):
+        names = [name for name in node.inputs if name]
+        if not node.foldable or not all(name in derived or name in fixed for name in names):
+            continue
+        if not any(name in derived for name in names):
+            fixed.update(node.outputs)  # a Constant node, or arithmetic over constants
+        elif node.op not in _SHAPE_ONLY:
+            found.append(index)
+            derived.update(name for name in node.outputs if name)
+    return found
+
+
+def run_nodes(graph: Graph, ctx: Context, values: dict[str, Any], positions: Iterable[int]) -> dict[str, Any]:
+    """Run the nodes of ``graph`` at ``positions`` (in order) over ``values`` and
+    ``graph``'s initializers; returns every value by name, their outputs included."""
+    values = {**graph.initializers, **values, "": None}
+    for index in positions:
+        node = graph.nodes[index]
+        args = [values[name] if name in values else _missing_input(node, name) for name in node.inputs]
+        fold = node.foldable and all(is_static(a) for a in args) and any(a is not None for a in args)
+        outputs = _run_node(node, ctx, graph.opsets, args, values, fold)
+        values.update(zip(node.outputs, outputs if isinstance(outputs, tuple) else (outputs,)))
+    return values
+
+
+def run_graph(
+    graph: Graph, ctx: Context, values: dict[str, Any], plan: Plan | None = None, skip: Container[int] = ()
+) -> list[Any]:
     """Run ``graph`` with ``values`` (inputs, initializers, outer values) and return its
-    outputs; with a ``plan``, take (or record) the outputs fixed by the input signature."""
+    outputs; with a ``plan``, take (or record) the outputs fixed by the input signature. The
+    nodes at the positions in ``skip`` do not run: ``values`` holds their outputs."""
     values = {**graph.initializers, **values, "": None}
     folded = plan.folded if plan is not None and not plan.recording else {}
     for index, node in enumerate(graph.nodes):
+        if index in skip:
+            continue
         outputs = folded.get(index)
         if outputs is None:
             args = [values[name] if name in values else _missing_input(node, name) for name in node.inputs]
@@ -353,7 +407,8 @@ def run_graph(graph: Graph, ctx: Context, values: dict[str, Any], plan: Plan | N
                     index,
                     node,
                     all(
-                        name in plan.fixed or (name in graph.initializers and is_static(values[name]))
+                        name in plan.fixed
+                        or (name in graph.initializers and name not in plan.weights and is_static(values[name]))
                         for name in node.inputs
                         if name
                     ),

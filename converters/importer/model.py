@@ -14,7 +14,16 @@ from xdevice._errors import ConversionError, InputError, UnsupportedOp, XDeviceE
 from xdevice.backends.opset import numpy_dtype
 from xdevice.converters.importer.fusion import fuse
 from xdevice.converters.importer.inputs import check_inputs, declared_inputs
-from xdevice.converters.importer.interpreter import Context, Graph, Plan, is_static, run_graph, unsupported
+from xdevice.converters.importer.interpreter import (
+    Context,
+    Graph,
+    Plan,
+    is_static,
+    run_graph,
+    run_nodes,
+    unsupported,
+    weight_only,
+)
 from xdevice.converters.load import load_model
 
 __all__ = ["ImportedModel", "from_onnx"]
@@ -80,10 +89,11 @@ class ImportedModel:
         # one, and TensorFlow runs ops on CPU tensors there too, so on them every call computes
         # inside the device's scope, cpu:0 included. PyTorch keeps new tensors on the CPU, and
         # its device context intercepts every torch call: there it is entered only off cpu:0.
-        self._follows_gpu = self.backend.defaults_to_gpu
+        # (where the framework sees no GPU, its default is the CPU: a call needs no scope)
+        self._follows_gpu = self.backend.defaults_to_gpu and any(d.kind != "cpu" for d in self.backend.list_devices())
         self._scope = (
             (lambda: self.backend.default_device(self.device))
-            if self._follows_gpu or self.device != Device("cpu", 0)
+            if self.backend.defaults_to_gpu or self.device != Device("cpu", 0)
             else contextlib.nullcontext
         )
         floats = {name: value for name, value in self.graph.initializers.items() if value.dtype.name in _FLOATS}
@@ -102,6 +112,19 @@ class ImportedModel:
         # call with inputs like these skips the checks and conversions (per-call time at batch 1)
         self._known: dict[tuple, Any] = {}
         self._captures = self.backend.capture(_probe) is not _probe  # False: nothing to gain
+        # nodes computing on the weights alone run once per state of the weights they read, not
+        # in every call: a call's program takes their results (and the weights other nodes read)
+        self._prepare = weight_only(self.graph, self.params)
+        skipped = set(self._prepare)
+        read = {*self.output_names, *_read_by(self.graph, skipped)}
+        self._prepared_names = [
+            name for i in self._prepare for name in self.graph.nodes[i].outputs if name and name in read
+        ]
+        self._prepare_reads = sorted(
+            {name for i in self._prepare for name in self.graph.nodes[i].inputs if name in self.params}
+        )
+        self._still_read = [name for name in self.params if name in read]
+        self._prepared: tuple[tuple, dict[str, Any]] | None = None  # (state of the weights, results)
 
     def apply(self, params: dict[str, Any], *inputs: Any) -> tuple[Any, ...]:
         """The graph's outputs for ``inputs`` with the float initializers taken from
@@ -114,6 +137,10 @@ class ImportedModel:
                     received=len(inputs),
                 )
             )
+        return self._run(params, inputs, ())
+
+    def _run(self, weights: dict[str, Any], inputs: tuple, skip: Any) -> tuple[Any, ...]:
+        """``apply`` with ``weights`` holding the outputs of the nodes at positions ``skip``."""
         ctx = Context(self.backend)
         with self._scope():
             feeds = [self._input(x) for x in inputs]
@@ -122,10 +149,10 @@ class ImportedModel:
         fresh = plan is None and key is not None
         if fresh:  # a new signature: its shapes are checked once (dtypes: apply computes in any precision)
             check_inputs(self.declared, feeds, self.backend.ops.shape, None)
-            plan = Plan()
-        values = {**params, **dict(zip(self.input_names, feeds))}
+            plan = Plan(self.params)  # (a dict: its keys are the names)
+        values = {**weights, **dict(zip(self.input_names, feeds))}
         with self._scope():
-            outputs = run_graph(self.graph, ctx, values, plan)
+            outputs = run_graph(self.graph, ctx, values, plan, skip)
             result = tuple(ctx.array(o) if _numeric_static(o) else o for o in outputs)
         if fresh:
             assert key is not None and plan is not None  # fresh: a new plan for a known signature
@@ -144,18 +171,23 @@ class ImportedModel:
         key = _quick_key(inputs)
         known = self._known.get(key) if key is not None else None
         if known is not None:  # inputs like these ran captured before: checked, nothing to convert
-            with self._scope() if self._follows_gpu else contextlib.nullcontext():
-                outputs = known(self.params, *inputs)
+            weights = self._weights() if self._prepare else self.params
+            if self._follows_gpu:
+                with self._scope():
+                    outputs = known(weights, *inputs)
+            else:
+                outputs = known(weights, *inputs)
             return outputs[0] if len(outputs) == 1 else outputs
         self._check(inputs)
         outputs = None
         if self._captures and all(_is_tensor(x) for x in inputs):
             try:
-                program, placed = self._program(inputs)
+                weights = self._weights() if self._prepare else self.params
+                program, placed = self._program(inputs, weights)
                 # a jitted JAX program and a tf.function place what no argument pins on the
                 # default device of the call; a torch.fx graph keeps the devices it was traced under
                 with self._scope() if self._follows_gpu else contextlib.nullcontext():
-                    outputs = program(self.params, *placed)
+                    outputs = program(weights, *placed)
             except Exception:  # noqa: BLE001 - each tracer refuses concrete values its own way
                 outputs = self.apply(self.params, *inputs)  # a mistake in the inputs raises here, as it is
                 self._captures = False  # the graph needs data while it is built: interpreted from now on
@@ -208,18 +240,42 @@ class ImportedModel:
                 tensor.CopyFrom(numpy_helper.from_array(value, tensor.name))
         return proto
 
-    def _program(self, inputs: tuple) -> tuple[Any, list[Any]]:
+    def _program(self, inputs: tuple, weights: dict[str, Any] | None = None) -> tuple[Any, list[Any]]:
+        """The captured program for inputs like ``inputs``, and the inputs as it takes them: of
+        ``apply`` (``weights`` None), or of the graph after the weight-only nodes, whose
+        results ``weights`` holds (what a call runs)."""
         with self._scope():
             placed = [self._input(x) for x in inputs]
-        key = _signature(self.backend.ops, placed)
+        signature = _signature(self.backend.ops, placed)
+        key = None if signature is None else (weights is not None, signature)
         program = self._programs.get(key) if key is not None else None
         if program is None:
-            program = self.backend.capture(self.apply, self.params, *placed)
+            if weights is None:
+                program = self.backend.capture(self.apply, self.params, *placed)
+            else:
+                skip = frozenset(self._prepare)
+                program = self.backend.capture(lambda w, *xs: self._run(w, xs, skip), weights, *placed)
             if key is not None:
                 if len(self._programs) >= _PLANS:
                     self._programs.clear()
                 self._programs[key] = program
         return program, placed
+
+    def _weights(self) -> dict[str, Any]:
+        """What a call's program takes for the weights: the results of the weight-only nodes,
+        computed again only when a weight they read was replaced or written in place (PyTorch
+        counts a tensor's in-place writes in ``_version``), and the weights other nodes read."""
+        params = self.params
+        state = tuple((id(params[n]), getattr(params[n], "_version", None)) for n in self._prepare_reads)
+        if self._prepared is None or self._prepared[0] != state:
+            with self._scope():
+                values = run_nodes(self.graph, Context(self.backend), params, self._prepare)
+            prepared = {name: values[name] for name in self._prepared_names}
+            if not all(_is_tensor(v) and not is_static(v) for v in prepared.values()):
+                self._prepare = []  # a sequence or a value numpy folded: the graph runs as written
+                return params
+            self._prepared = (state, prepared)
+        return {**{name: params[name] for name in self._still_read}, **self._prepared[1]}
 
     def _check(self, inputs: tuple) -> None:
         """Count, dtypes and shapes of a call's inputs against the graph's declarations, once
@@ -298,6 +354,21 @@ def _signature(ops: Any, feeds: list[Any]) -> tuple | None:
             return None
         key.append((shape, str(x.dtype)))
     return tuple(key)
+
+
+def _read_by(graph: Graph, skipped: set[int]) -> set[str]:
+    """The names the nodes of ``graph`` read, but for those at the positions in ``skipped``
+    (what their subgraphs read from the enclosing scope included)."""
+    read: set[str] = set()
+    for index, node in enumerate(graph.nodes):
+        if index in skipped:
+            continue
+        read.update(node.inputs)
+        for value in node.attrs.values():
+            for sub in value if isinstance(value, list) else [value]:
+                if isinstance(sub, Graph):
+                    read.update(sub.outer_names)
+    return read
 
 
 def _constants(graph: Graph) -> tuple[set[str], dict[str, int]]:
