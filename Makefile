@@ -21,7 +21,7 @@ FRAMEWORKS_gpu := tensorflow-cpu jax[cuda13]
 
 export TF_CPP_MIN_LOG_LEVEL ?= 3
 
-.PHONY: demo test test-models test-gpu lint docs install clean
+.PHONY: demo test test-models test-gpu lint docs install clean peers
 
 demo: $(STAMP)
 	$(BIN)/python examples/device_tour.py
@@ -39,13 +39,27 @@ test: lint
 # The longer sets behind the realworld marker: the whole real-model suite (tests/realworld:
 # transformers, keras.applications, Flax, equinox), the rest of the conversion matrix and JAX's
 # run of the ONNX conformance list; `make test` runs their smoke cases only.
-# Ray Train (the deploy/training/ray_train.py test) is installed for this set only.
-test-models: $(STAMP) $(VENV)/.installed-ray
+# Ray Train (the deploy/training/ray_train.py test) is installed for this set only, and the
+# serving peers (the KServe client test).
+test-models: $(STAMP) $(VENV)/.installed-ray peers
 	$(BIN)/python -m pytest -m realworld --durations=25
 
 $(VENV)/.installed-ray: $(STAMP)
 	$(BIN)/python -m pip install -q -c constraints/$(PLATFORM).txt -e '.[ray]'
 	touch $@
+
+# The serving peers benchmarks/peers.py measures (MLServer, KServe), each in its own virtualenv
+# under .peers/ (never in .venv), with the ONNX Runtime xdevice runs.
+PEERS := .peers
+peers: $(PEERS)/mlserver/.installed $(PEERS)/kserve/.installed
+
+$(PEERS)/%/.installed:
+	test -x $(PEERS)/$*/bin/python || $(PYTHON) -m venv $(PEERS)/$*
+	$(PEERS)/$*/bin/python -m pip install -q $(PEER_$*) onnxruntime==1.31.1
+	touch $@
+
+PEER_mlserver := mlserver==1.7.1
+PEER_kserve   := kserve==0.21.0
 
 # On a GPU machine with this repository installed in its own Python (the lent GPU box has
 # no registry access), run `make test-gpu VENV_PYTHON=python3`.

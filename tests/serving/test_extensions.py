@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import gzip
 import http.client
+import json
 import logging
 import zlib
 
@@ -90,6 +91,24 @@ def test_compressed_requests_and_responses_round_trip(clients, coding):
     grpc_module, grpc_client = clients["grpc"]
     answer = grpc_client.infer("dense", [_input(grpc_module, x)], compression_algorithm=coding)
     np.testing.assert_allclose(answer.as_numpy("y"), reference(x)[0], rtol=1e-6)
+
+
+def test_responses_are_compressed_from_500_bytes_on_as_accept_encoding_asks(server):
+    """A client that accepts gzip (aiohttp asks on every request) gets a small answer as it is,
+    where compressing costs more than it saves, and a large one compressed."""
+    connection = http.client.HTTPConnection(server.url, timeout=10)
+    for rows, compressed in ((1, False), (64, True)):
+        x = np.arange(rows * 4, dtype=np.float32).reshape(rows, 4)
+        tensor = {"name": "x", "shape": [rows, 4], "datatype": "FP32", "data": x.ravel().tolist()}
+        body = json.dumps({"inputs": [tensor]})
+        connection.request("POST", "/v2/models/dense/infer", body, {"Accept-Encoding": "gzip"})
+        answer = connection.getresponse()
+        content = answer.read()
+        assert answer.status == 200 and (answer.getheader("content-encoding") == "gzip") is compressed, rows
+        plain = gzip.decompress(content) if compressed else content
+        assert len(plain) >= 500 if compressed else len(plain) < 500
+        assert b'"outputs"' in plain
+    connection.close()
 
 
 def test_a_compressed_body_that_decompresses_past_the_limit_is_413(server):

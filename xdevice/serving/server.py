@@ -290,7 +290,7 @@ class _Endpoints:
         def encode(loaded, parsed, outputs):
             content, headers = encode_response(loaded.name, loaded.version, parsed, outputs)
             coding = _accepted_encoding(request.headers.get("accept-encoding", ""))
-            if coding is not None:
+            if coding is not None and len(content) >= MIN_COMPRESSED:
                 content = _compress(content, coding)
                 headers["content-encoding"] = coding
             return Response(content, headers=headers)
@@ -362,6 +362,10 @@ _UNREAD_BODY = (408, 413)
 
 #: Content-Encoding -> zlib's wbits for it (``deflate`` is zlib's format, as HTTP means it)
 _CODINGS = {"gzip": 31, "deflate": 15}
+#: responses shorter than this go out as they are, whatever ``Accept-Encoding`` allows (as
+#: Starlette's ``GZipMiddleware``): compressing a few hundred bytes costs more than it saves, and
+#: aiohttp (``tritonclient.http.aio``) asks for gzip on every request by default
+MIN_COMPRESSED = 500
 
 
 def _decompress(body: bytes | bytearray, coding: str, limit: int) -> bytes:
