@@ -73,6 +73,8 @@ class Backend(abc.ABC):
             (``replicas``).
         supports_processes: trains data-parallel across processes that ``xdevice launch``
             started (``process_replicas``).
+        supports_tensor_parallel: splits the zoo transformers' layers over a mesh's ``model``
+            axis (``Replicas.tensor_parallel``; ``fit(..., mesh={"data": 2, "model": 2})``).
         has_default_device: the framework has a default device that ``xdevice.on`` sets.
         defaults_to_gpu: the framework puts new arrays on GPU 0 when there is one (JAX,
             TensorFlow): core code meant for any device, cpu:0 included, enters
@@ -95,6 +97,7 @@ class Backend(abc.ABC):
     supports_virtual_devices: ClassVar[bool] = False
     supports_replication: ClassVar[bool] = False
     supports_processes: ClassVar[bool] = False
+    supports_tensor_parallel: ClassVar[bool] = False
     has_default_device: ClassVar[bool] = True
     defaults_to_gpu: ClassVar[bool] = False
     dlpack_alignment: ClassVar[int] = 1

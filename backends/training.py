@@ -25,7 +25,11 @@ the step stays the same on one device, several, or several processes:
   those arguments' buffers to the outputs (see :func:`donating` for when a trainer asks);
 - ``sharded()``: the same devices with parameters, gradients and optimizer state sharded
   across them instead of copied (``strategy="fsdp"``); ``shards`` says which a replicas object
-  does. An engine that cannot shard refuses here, by name, with the reason and the way that works.
+  does. An engine that cannot shard refuses here, by name, with the reason and the way that works;
+- ``tensor_parallel(data, model)``: the same devices as a ``data x model`` mesh, the zoo
+  transformers' attention and MLP weights split over ``model`` (:func:`tensor_parallel_axis`)
+  and the batch over ``data`` (``mesh={"data": 2, "model": 2}``); a backend whose ``Replication``
+  sets ``supports_tensor_parallel`` overrides it (JAX), the rest refuse.
 
 :class:`Replicas` itself is the one-device case and the defaults the engines build on.
 Importing this module imports no framework.
@@ -40,7 +44,18 @@ from xdevice import _registry
 from xdevice._device import Device
 from xdevice._errors import ConfigurationError, message
 
-__all__ = ["PRECISIONS", "STRATEGIES", "Program", "Replicas", "donating", "shard_axis"]
+__all__ = [
+    "COLUMN_SPLIT",
+    "MESH_AXES",
+    "PRECISIONS",
+    "ROW_SPLIT",
+    "STRATEGIES",
+    "Program",
+    "Replicas",
+    "donating",
+    "shard_axis",
+    "tensor_parallel_axis",
+]
 
 PRECISIONS = ("float32", "bfloat16", "float16")
 
@@ -59,6 +74,48 @@ def shard_axis(shape: tuple[int, ...], count: int) -> int | None:
     """
     axes = [i for i, size in enumerate(shape) if size % count == 0 and size >= count]
     return max(axes, key=lambda i: (shape[i], -i)) if count > 1 and axes else None
+
+
+#: the axes a device mesh may name: the batch is split over ``data``, the layers over ``model``
+MESH_AXES = ("data", "model")
+
+#: the tensor-parallel layout of the zoo transformers (Megatron-LM's), by the layer a parameter
+#: belongs to, the two parts of its name before ``weight`` / ``bias``: the layers that open an
+#: attention or MLP are split by output columns (whole heads of q, k, v; MLP units), the layers
+#: that close it by input rows, so each device computes its heads and units with no exchange
+#: between the two and one sum after. Every zoo transformer names its layers this way
+#: (``bert``, ``gpt2``, ``llama``, ``transformer``, ``vit``); any other parameter is copied whole.
+COLUMN_SPLIT = ("attn.qkv", "attn.q", "attn.k", "attn.v", "mlp.fc1", "mlp.up", "mlp.gate")
+ROW_SPLIT = ("attn.out", "mlp.fc2", "mlp.down")
+
+
+def tensor_parallel_axis(name: str, shape: tuple[int, ...], count: int) -> int | None:
+    """The axis the parameter ``name`` (or its optimizer slot, ``m/<name>``) of ``shape`` is
+    split along over a ``model`` mesh axis of ``count`` devices, or None (copied whole).
+    A :data:`COLUMN_SPLIT` layer's weight ``(in, out)`` and bias split along ``out``; a
+    :data:`ROW_SPLIT` layer's weight along ``in``, its bias whole (added once, after the sum).
+    An axis that ``count`` does not divide is not split. One rule, read by the engine that
+    splits and by the memory estimate.
+
+    >>> split = tensor_parallel_axis
+    >>> split("block0.attn.qkv.weight", (32, 96), 2), split("m/block0.attn.qkv.bias", (96,), 2)
+    (1, 0)
+    >>> split("block0.mlp.down.weight", (64, 32), 4), split("block0.attn.out.bias", (32,), 2)
+    (0, None)
+    >>> split("tokens.weight", (96, 32), 2), split("block0.mlp.up.weight", (32, 6), 4)
+    (None, None)
+    """
+    if count <= 1 or not shape:
+        return None
+    parts = name.rsplit("/", 1)[-1].split(".")  # an optimizer slot follows its parameter
+    layer, leaf = ".".join(parts[-3:-1]), parts[-1]
+    if layer in COLUMN_SPLIT:
+        axis = len(shape) - 1
+    elif layer in ROW_SPLIT and leaf == "weight":
+        axis = 0
+    else:
+        return None
+    return axis if shape[axis] % count == 0 else None
 
 
 def donating(kinds: Iterable[str]) -> bool:
@@ -179,5 +236,25 @@ class Replicas:
                 choices=STRATEGIES,
                 fix="train with strategy='replicate' (every replica holds the whole model), or build the model "
                 "with JAX, which shards in one process over devices=[...]",
+            )
+        )
+
+    def whole(self, arrays: dict[str, Any]) -> dict[str, Any]:
+        """``arrays`` as code outside the step reads them (evaluation, numpy copies,
+        checkpoints). An engine whose shards are not arrays of the whole (PyTorch's DTensors
+        under FSDP2) all-gathers here, every rank calling it; JAX's sharded arrays already
+        read as whole arrays."""
+        return arrays
+
+    def tensor_parallel(self, data: int, model: int) -> Replicas:
+        """These devices as a ``data x model`` mesh: the batch split over ``data``, the layers
+        named in :data:`COLUMN_SPLIT` / :data:`ROW_SPLIT` over ``model``. The core checks the
+        mesh and asks only an engine whose ``supports_tensor_parallel`` is set; one that sets it
+        overrides this."""
+        raise ConfigurationError(
+            message(
+                f"{self.backend.title} has no tensor-parallel layout (a mesh with a 'model' axis)",
+                received=f"mesh={{'data': {data}, 'model': {model}}}",
+                fix="drop the 'model' axis (mesh={'data': N} is data parallel), or build the model with JAX",
             )
         )

@@ -231,6 +231,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sizing.add_argument("--devices", type=int, default=1, help="how many devices the training spans (default 1)")
     sizing.add_argument(
+        "--mesh",
+        type=_mesh,
+        default=None,
+        help="the devices as a grid, e.g. data=2,model=2: transformer layers split over 'model' (tensor parallel)",
+    )
+    sizing.add_argument(
         "--remat",
         action="store_true",
         help="recompute each block's activations in the backward pass (bert, gpt2, llama, vit, resnet50)",
@@ -405,6 +411,18 @@ def _precision(text: str) -> str:
     return names[text]
 
 
+def _mesh(text: str) -> dict[str, int]:
+    """``data=2,model=2`` as ``{"data": 2, "model": 2}`` (the names are checked where it is used).
+
+    >>> _mesh("data=2,model=2"), _mesh("model=4")
+    ({'data': 2, 'model': 2}, {'model': 4})
+    """
+    try:
+        return {name.strip(): int(size) for name, size in (part.split("=") for part in text.split(","))}
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a mesh: write it as data=2,model=2") from None
+
+
 def _estimate_memory(args: argparse.Namespace) -> int:
     from xdevice.training.memory import estimate_memory
 
@@ -418,7 +436,8 @@ def _estimate_memory(args: argparse.Namespace) -> int:
         device=args.device,
         strategy=args.strategy,
         devices=args.devices,
-        **({"remat": True} if args.remat else {}),
+        mesh=args.mesh,
+        **({"remat": True} if args.remat else {}),  # a spec field: only the real-scale models take it
     )
     print(json.dumps(estimate.as_dict(), indent=2) if args.json else estimate)
     return 0 if estimate.fits is not False else 1

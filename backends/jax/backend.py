@@ -27,5 +27,6 @@ class JaxBackend(Devices, Memory, Numerics, Placement, Autodiff, Export, Replica
     supports_preallocation = True
     supports_virtual_devices = True
     supports_replication = True
+    supports_tensor_parallel = True
     supports_processes = True
     ops = JaxOps()

@@ -8,6 +8,12 @@ XLA inserts the all-reduce of the gradients. The loss is already the global mean
 see the padding rows, repeats of the batch's own. After training, ``gather`` brings the params
 back to the model's one device.
 
+``strategy="fsdp"`` (:class:`ShardedReplicas`) shards every array along ``training.shard_axis``;
+a mesh with a ``model`` axis (:class:`TensorParallelReplicas`) splits the zoo transformers'
+attention and MLP layers Megatron-style (``training.tensor_parallel_axis``) and the batch over
+``data``. Both only annotate where arrays live (``NamedSharding``, ``with_sharding_constraint``):
+XLA's GSPMD partitioner inserts the collectives, so the step is the one-device math.
+
 Across processes (``jax.distributed``, joined from what ``xdevice launch`` set) the
 mesh spans every process's devices and the same jitted step runs in each (SPMD). Every
 process holds the same global batch (the order depends on the seed only) and gives JAX
@@ -38,6 +44,7 @@ class Replicas(training.Replicas):
         super().__init__(backend)
         self.mesh = Mesh(np.array(devices), ("data",))
         self.count = len(devices)
+        self.rows = self.count  # how many ways the batch splits (the mesh's data axis)
         self.replicated = NamedSharding(self.mesh, PartitionSpec())
         self.split = NamedSharding(self.mesh, PartitionSpec("data"))
         self.rank = jax.process_index()
@@ -58,7 +65,7 @@ class Replicas(training.Replicas):
         if self.processes:
             x, y = np.asarray(x), np.asarray(y)
         rows = x.shape[0]
-        short = -rows % self.count
+        short = -rows % self.rows
         if not short:
             return jax.device_put(x, self.split), jax.device_put(y, self.split)
         xp = np if self.processes else jnp
@@ -82,35 +89,49 @@ class Replicas(training.Replicas):
             )
         return ShardedReplicas(self.backend, list(self.mesh.devices.flat))
 
+    def tensor_parallel(self, data: int, model: int) -> TensorParallelReplicas:
+        if self.processes:
+            raise ConfigurationError(
+                message(
+                    "JAX splits layers over a mesh's 'model' axis on the devices of one process, not yet across "
+                    "processes started by xdevice launch",
+                    received=f"mesh={{'data': {data}, 'model': {model}}} in process {self.rank} of "
+                    f"{jax.process_count()}",
+                    fix="run one process with devices=[...] (all its devices), or drop the 'model' axis under launch",
+                )
+            )
+        return TensorParallelReplicas(self.backend, list(self.mesh.devices.flat), data, model)
+
 
 class ShardedReplicas(Replicas):
     """Data parallel with the params, gradients and optimizer state sharded over the mesh."""
 
     shards = True
 
-    def sharding(self, value: Any) -> NamedSharding:
-        """Where ``value``'s pieces go: split along ``training.shard_axis``, or whole everywhere."""
-        shape = tuple(getattr(value, "shape", ()))
-        axis = training.shard_axis(shape, self.count)
-        if axis is None:
-            return self.replicated
-        return NamedSharding(self.mesh, PartitionSpec(*[None] * axis, "data"))
+    def sharding(self, name: str, value: Any) -> NamedSharding:
+        """Where the pieces of ``value`` (the array called ``name``) go: split along
+        ``training.shard_axis``, or whole everywhere."""
+        return self._split(training.shard_axis(tuple(getattr(value, "shape", ())), self.count), "data")
+
+    def _split(self, axis: int | None, over: str) -> NamedSharding:
+        """Split along ``axis`` over the mesh axis ``over``; None: whole on every device."""
+        return self.replicated if axis is None else NamedSharding(self.mesh, PartitionSpec(*[None] * axis, over))
 
     def place_params(self, arrays: dict[str, Any]) -> dict[str, Any]:
-        return {k: jax.device_put(v, self.sharding(v)) for k, v in arrays.items()}
+        return {k: jax.device_put(v, self.sharding(k, v)) for k, v in arrays.items()}
 
-    def _constrain(self, value: Any) -> Any:
+    def _constrain(self, name: str, value: Any) -> Any:
         if not getattr(value, "shape", ()):  # a scalar (or not an array): left to XLA
             return value
-        return jax.lax.with_sharding_constraint(value, self.sharding(value))
+        return jax.lax.with_sharding_constraint(value, self.sharding(name, value))
 
     def value_and_grad(self, objective: Callable, params: dict[str, Any]) -> tuple[tuple[Any, Any], dict[str, Any]]:
         (value, aux), grads = super().value_and_grad(objective, params)
-        return (value, aux), {k: self._constrain(g) for k, g in grads.items()}  # reduce-scattered, not whole
+        return (value, aux), {k: self._constrain(k, g) for k, g in grads.items()}  # reduce-scattered, not whole
 
     def _keeping_shards(self, step: Callable) -> Callable:
         def run(*args):
-            return jax.tree.map(self._constrain, step(*args))
+            return jax.tree_util.tree_map_with_path(lambda path, v: self._constrain(_name(path), v), step(*args))
 
         return run
 
@@ -124,6 +145,29 @@ class ShardedReplicas(Replicas):
         """``arrays`` (sharded over the mesh) whole on ``device``: the explicit gather."""
         where = self.backend.native_device(device)
         return {k: jax.device_put(v, where) for k, v in arrays.items()}
+
+
+class TensorParallelReplicas(ShardedReplicas):
+    """A ``data x model`` mesh: the zoo transformers' attention and MLP layers split over
+    ``model`` as ``training.tensor_parallel_axis`` says (their gradients and optimizer slots
+    alike), everything else whole on every device, and the batch split over ``data``."""
+
+    def __init__(self, backend: Any, devices: list[Any], data: int, model: int):
+        super().__init__(backend, devices)
+        self.mesh = Mesh(np.array(devices).reshape(data, model), training.MESH_AXES)
+        self.replicated = NamedSharding(self.mesh, PartitionSpec())
+        self.split = NamedSharding(self.mesh, PartitionSpec("data"))  # whole over "model"
+        self.rows, self.model = data, model
+
+    def sharding(self, name: str, value: Any) -> NamedSharding:
+        """Split along ``training.tensor_parallel_axis`` over ``model``, or whole everywhere."""
+        return self._split(training.tensor_parallel_axis(name, tuple(getattr(value, "shape", ())), self.model), "model")
+
+
+def _name(path: tuple) -> str:
+    """The name of the array at ``path`` in a step's results: its innermost dict key ("" if none)."""
+    keys = [entry.key for entry in path if isinstance(entry, jax.tree_util.DictKey)]
+    return str(keys[-1]) if keys else ""
 
 
 class Replication:

@@ -15,6 +15,9 @@ wraps, and DDP's reducer all-reduces gradient buckets while ``backward`` is stil
 A communication hook sums the buckets instead of averaging them (the loss is already weighted,
 so the sum is the global batch's mean gradient, also with uneven slices). Parameters and
 buffers start as rank 0's (``broadcast``), as DDP's own constructor does.
+
+``strategy="fsdp"`` (:class:`ShardedProcessReplicas`) shards the weights instead of copying
+them, with FSDP2's ``fully_shard``; one process has nothing to shard and replicates.
 """
 
 from __future__ import annotations
@@ -26,6 +29,9 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import fully_shard
+from torch.distributed.tensor import DTensor, distribute_tensor
 
 from xdevice._errors import ConfigurationError, message
 from xdevice._processes import world
@@ -137,16 +143,99 @@ class ProcessReplicas(training.Replicas):
         return step
 
     def sharded(self) -> training.Replicas:
-        if self.count == 1:
-            return self
-        raise ConfigurationError(
-            message(
-                "PyTorch's sharded data parallel across launched processes (FSDP2, fully_shard) is not built yet",
-                received=f"strategy='fsdp' in rank {self.rank} of {self.count}",
-                fix="train with strategy='replicate' (DistributedDataParallel), or build the model with JAX, "
-                "which shards over devices=[...] in one process",
-            )
-        )
+        return self if self.count == 1 else ShardedProcessReplicas(self.backend)
+
+
+class _Shards(torch.nn.Module):
+    """The module ``fully_shard`` wraps: the trained parameters as ``nn.Parameter``s (``p0``,
+    ``p1``, ... in the trainer's order), and a forward that evaluates any objective of them, so
+    that FSDP2's hooks run around it: the all-gather before, the reduce-scatter of the
+    gradients after ``backward``."""
+
+    def __init__(self, params: dict[str, Any]):
+        super().__init__()
+        self.names = list(params)
+        for i, value in enumerate(params.values()):
+            self.register_parameter(f"p{i}", torch.nn.Parameter(value.detach().clone()))
+
+    def weights(self) -> list[Any]:
+        """The parameters as the module holds them now: shards (DTensors) outside the forward,
+        whole tensors inside it."""
+        return [getattr(self, f"p{i}") for i in range(len(self.names))]
+
+    def forward(self, objective: Callable) -> Any:
+        return objective(dict(zip(self.names, self.weights())))
+
+
+class ShardedProcessReplicas(ProcessReplicas):
+    """``strategy="fsdp"`` across launched processes: FSDP2 (``fully_shard``) shards each
+    trained parameter along its first axis over the processes (``torch.chunk``'s pieces, the
+    last ones shorter or empty), its gradient and its optimizer slots alike.
+
+    The trainer's params are then DTensors holding this rank's shard; the optimizer (the op
+    set's, on DTensors) updates the shards only. Each step copies the shards into the FSDP2
+    module's parameters, whose forward all-gathers the whole weights for the objective and
+    whose ``backward`` reduce-scatters the gradients (summed, not averaged: the loss is
+    already weighted by the rank's rows). The first arrays placed are the parameters (the
+    trainer places them first); later arrays named like one (``m/<name>``: an optimizer slot)
+    and shaped like it are sharded like it, the rest (buffers, the step count) copied whole.
+    :meth:`gather` is the explicit all-gather of the whole values.
+    """
+
+    shards = True
+
+    def __init__(self, backend: Any):
+        super().__init__(backend)
+        self.fsdp: _Shards | None = None
+        self.layout: dict[str, Any] = {}  # each trained parameter's shards, as FSDP2 made them
+
+    def place_params(self, arrays: dict[str, Any]) -> dict[str, Any]:
+        whole = super().place_params({k: v for k, v in arrays.items() if not isinstance(v, DTensor)})
+        if self.fsdp is None:  # the parameters: the module's own shards, no copy
+            self._shard({k: v for k, v in whole.items() if v.is_floating_point()})
+            return {k: self.layout[k].detach() if k in self.layout else v for k, v in whole.items()}
+        return {k: arrays[k] if isinstance(arrays[k], DTensor) else self._placed(k, whole[k]) for k in arrays}
+
+    def _shard(self, params: dict[str, Any]) -> None:
+        """FSDP2 over ``params``: the module, the mesh of the processes, each one's layout."""
+        mesh = init_device_mesh(next(iter(params.values())).device.type if params else "cpu", (self.count,))
+        self.fsdp = _Shards(params)
+        fully_shard(self.fsdp, mesh=mesh)
+        # a plain SUM: each rank's loss is weighted already (gloo has no AVG nor PREMUL_SUM)
+        self.fsdp.set_gradient_divide_factor(1.0)
+        self.fsdp.set_force_sum_reduction_for_comms(True)
+        self.layout = dict(zip(self.fsdp.names, self.fsdp.weights()))
+
+    def _placed(self, name: str, value: Any) -> Any:
+        """``value`` sharded like the parameter it belongs to (``name`` or ``slot/name``), or whole."""
+        owner = self.layout.get(name, self.layout.get(name.split("/", 1)[-1]))
+        if owner is None or tuple(value.shape) != tuple(owner.shape) or not value.is_floating_point():
+            return value
+        return distribute_tensor(value.detach(), owner.device_mesh, owner.placements)
+
+    def value_and_grad(self, objective: Callable, params: dict[str, Any]) -> tuple[tuple[Any, Any], dict[str, Any]]:
+        module = self.fsdp
+        assert module is not None  # the params were placed first
+        with torch.no_grad():  # this step's shards (a no-op where they are the module's own)
+            for weight, name in zip(module.weights(), module.names):
+                weight.to_local().copy_(params[name].to_local())
+                weight.grad = None
+        with torch.enable_grad():
+            value, aux = module(lambda p: objective({**params, **p}))
+            value.backward()
+        found = dict(zip(module.names, (w.grad for w in module.weights())))  # shards (DTensors)
+        grads = {k: torch.zeros_like(v) if found.get(k) is None else found[k] for k, v in params.items()}
+        return (value.detach(), detached(aux)), grads
+
+    def gather(self, arrays: dict[str, Any], device: Any) -> dict[str, Any]:
+        """``arrays`` whole on every rank, on the shards' device (an all-gather, so every rank
+        calls it): the explicit gather."""
+        return self.whole(arrays)
+
+    def whole(self, arrays: dict[str, Any]) -> dict[str, Any]:
+        """``arrays`` as plain tensors of the whole values, for code outside the step (evaluation,
+        numpy copies, checkpoints): shards (DTensors) all-gathered, every rank calling it."""
+        return {k: v.full_tensor() if isinstance(v, DTensor) else v for k, v in arrays.items()}
 
 
 class Replication:

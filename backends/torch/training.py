@@ -4,6 +4,7 @@ registry; the backend never imports it.
 
 A module trains in place through ``torch.func.functional_call``: its parameters are the
 program's params and its buffers (batch-norm statistics) update as in ``module.train()``.
+Under ``strategy="fsdp"`` across processes its parameters become this rank's shards.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+from torch.distributed.tensor import DTensor
 
 from xdevice._device import Device
 from xdevice._discovery import find
@@ -46,9 +48,18 @@ class ModuleProgram(Program):
         return out, buffers
 
     def write_back(self) -> None:
+        """The trained values into the module's parameters; under ``strategy="fsdp"`` across
+        processes they are this rank's shards (DTensors), and the module holds the shards
+        until ``trainer.gather()`` writes the whole values back."""
         with torch.no_grad():
-            for name, value in self.module.named_parameters():
-                value.copy_(self.params[name])
+            for name, value in list(self.module.named_parameters()):
+                new = self.params[name]
+                if isinstance(new, DTensor) == isinstance(value, DTensor):
+                    value.copy_(new)
+                else:  # shards for whole values, or back: the parameter itself is replaced
+                    owner, _, leaf = name.rpartition(".")
+                    replaced = torch.nn.Parameter(new.detach().clone(), requires_grad=value.requires_grad)
+                    self.module.get_submodule(owner).register_parameter(leaf, replaced)
 
     def result(self) -> Any:
         return self.module

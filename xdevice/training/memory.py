@@ -19,8 +19,12 @@ It then says whether the larger of them fits the device's memory, or the limit s
 each device holds all the weights and state and its own rows: pass the rows per device as
 ``batch``. Under ``strategy="fsdp"`` over ``devices=N`` each device holds its shard of every
 parameter, gradient and optimizer slot: the arrays split along the axis the engine splits
-them along (``shard_axis``) count 1/N, the others (no axis N divides) whole. The measurement
-stays the one-device step's.
+them along (``shard_axis``) count 1/N, the others (no axis N divides) whole. Under a mesh
+with a ``model`` axis of M devices (tensor parallel, ``mesh={"data": 2, "model": 2}``) the
+attention and MLP weights the layout splits (``tensor_parallel_axis``), their gradients and
+optimizer slots count 1/M, the rest (embeddings, norms, the closing layers' biases) whole; the
+activations stay the one-device count for ``batch`` rows. The measurement stays the
+one-device step's.
 
 >>> estimate = estimate_memory("mlp", batch=32, optimizer="sgd", measure=False, hidden=[64])
 >>> estimate.parts["optimizer state"], estimate.parts["parameters"] == estimate.parts["gradients"]
@@ -30,6 +34,8 @@ stays the one-device step's.
 from __future__ import annotations
 
 import dataclasses
+import math
+from collections.abc import Mapping
 from typing import Any
 
 from xdevice import _registry
@@ -79,6 +85,7 @@ class MemoryEstimate:
     how: str | None
     available: int | None
     available_from: str
+    mesh: Mapping[str, int] | None = None
 
     @property
     def total(self) -> int:
@@ -95,6 +102,8 @@ class MemoryEstimate:
 
     def __str__(self) -> str:
         spread = "" if self.devices == 1 else f", {self.strategy} over {self.devices} devices"
+        if self.mesh:
+            spread += f", mesh {self.mesh}"
         lines = [
             f"{self.model}: batch {self.batch} per device, {self.optimizer}, {self.precision}, "
             f"{self.backend} on {self.device}{spread}",
@@ -132,6 +141,7 @@ def estimate_memory(
     measure: bool = True,
     strategy: str = "replicate",
     devices: int = 1,
+    mesh: Mapping[str, int] | None = None,
     **spec: Any,
 ) -> MemoryEstimate:
     """Per-device memory for training ``model`` (a zoo name such as ``"cnn"``, with ``spec``, or
@@ -143,7 +153,10 @@ def estimate_memory(
         measure: compile (JAX) or run (PyTorch, TensorFlow on a GPU) one step to measure it.
         strategy: ``"replicate"`` (each device holds every weight) or ``"fsdp"`` (each holds
             its shard of the parameters, gradients and optimizer state).
-        devices: how many devices the data parallelism spans.
+        devices: how many devices the data parallelism spans (with ``mesh``: left out, or
+            the product of its sizes).
+        mesh: ``{"data": d, "model": m}``: the devices as a grid, the transformers' attention and
+            MLP layers split ``m`` ways (tensor parallel; ``strategy`` stays ``"replicate"``).
         **spec: the zoo model's hyper-parameters; ``remat=True`` (real-scale models) counts the
             activations that recomputing each block in the backward pass keeps.
 
@@ -153,8 +166,9 @@ def estimate_memory(
         DeviceNotFound: ``backend`` has no such device (on a machine without a GPU: use the CPU).
     """
     from xdevice import models
-    from xdevice.backends.training import PRECISIONS, STRATEGIES, shard_axis
+    from xdevice.backends.training import PRECISIONS, STRATEGIES, shard_axis, tensor_parallel_axis
     from xdevice.training.optimizers import optimizer as make_optimizer
+    from xdevice.training.replication import mesh_shape
 
     slots = len(make_optimizer(optimizer).slots)  # per-parameter state arrays (an unknown name: the choices)
     if precision not in PRECISIONS:
@@ -169,16 +183,33 @@ def estimate_memory(
         raise ConfigurationError(
             message("devices is how many devices the training spans", expected="an int of 1 or more", received=devices)
         )
+    layers = 1  # how many ways the mesh's "model" axis splits the layers
+    if mesh is not None:
+        if devices == 1 and isinstance(mesh, Mapping):
+            devices = math.prod(n for n in mesh.values() if isinstance(n, int))
+        layers = mesh_shape(mesh, devices)[1]  # refuses a mesh that does not fit the devices
+        if layers > 1 and strategy != "replicate":
+            raise ConfigurationError(
+                message(
+                    "A mesh with a 'model' axis splits the layers; strategy='fsdp' on top is not done here",
+                    received=f"strategy={strategy!r}, mesh={mesh}",
+                    fix="leave strategy out with the mesh, or drop the 'model' axis for fsdp",
+                )
+            )
     reference = models.build(model, **spec) if isinstance(model, str) else model.to("numpy")
     backend = backend or (reference.backend if isinstance(model, str) else model.backend)
     where = _device(device, backend)
 
     split = devices if strategy == "fsdp" else 1
 
-    def per_device(value: Any) -> int:  # this device's shard of the array
+    def per_device(name: str, value: Any) -> int:  # this device's shard of the array (the largest, rank 0's)
+        if tensor_parallel_axis(name, value.shape, layers) is not None:
+            return value.nbytes // layers
+        if split > 1 and backend == "torch" and value.ndim:  # FSDP2: torch.chunk along the first axis
+            return value.nbytes // max(value.shape[0], 1) * -(-value.shape[0] // split)
         return value.nbytes if shard_axis(value.shape, split) is None else value.nbytes // split
 
-    sizes = {k: per_device(v) for k, v in reference.numpy_params().items()}
+    sizes = {k: per_device(k, v) for k, v in reference.numpy_params().items()}
     weights = sum(sizes.values())
     trained = sum(sizes[k] for k in reference.trainable)
     parts = {"parameters": weights, "gradients": trained, "optimizer state": slots * trained}
@@ -205,6 +236,7 @@ def estimate_memory(
         how,
         available,
         available_from,
+        mesh,
     )
 
 

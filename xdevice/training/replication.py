@@ -7,8 +7,14 @@ stays the same on one device, several, or several processes. Each backend suppli
 ``MirroredStrategy`` / ``MultiWorkerMirroredStrategy``, PyTorch ``DistributedDataParallel``.
 
 ``strategy="fsdp"`` shards the parameters, gradients and optimizer state across the devices
-instead of copying them (``Replicas.sharded``): JAX in one process over ``devices=[...]``;
-TensorFlow and PyTorch in one process refuse it by name, with the way that works.
+instead of copying them (``Replicas.sharded``): JAX in one process over ``devices=[...]``,
+PyTorch across the processes ``xdevice launch`` started (FSDP2 ``fully_shard``); TensorFlow,
+and PyTorch in one process, refuse it by name, with the way that works.
+
+``mesh={"data": 2, "model": 2}`` lays the devices out as a grid: the batch is split over
+``data``, and the zoo transformers' attention and MLP layers over ``model`` (tensor
+parallelism, Megatron-LM's layout, ``xdevice.backends.training.tensor_parallel_axis``): JAX
+over ``devices=[...]`` in one process; the other engines refuse a ``model`` axis by name.
 
 >>> r = replicate(backend="numpy")
 >>> r.place_batch([1, 2], [3, 4]), r.weight(None)
@@ -17,19 +23,62 @@ TensorFlow and PyTorch in one process refuse it by name, with the way that works
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from xdevice import _registry
 from xdevice._discovery import find
 from xdevice._errors import ConfigurationError, message
 from xdevice._processes import launched
-from xdevice.backends.training import STRATEGIES, Replicas
+from xdevice.backends.training import MESH_AXES, STRATEGIES, Replicas
 
-__all__ = ["Replicas", "replicate"]
+__all__ = ["Replicas", "mesh_shape", "replicate"]
 
 
-def replicate(devices: Sequence[Any] | None = None, *, backend: str, strategy: str = "replicate") -> Replicas:
+def mesh_shape(mesh: Mapping[str, int] | None, devices: int) -> tuple[int, int]:
+    """``(data, model)``: how many ways ``mesh`` splits the batch and the layers over
+    ``devices`` devices; without a mesh, the batch over all of them.
+
+    >>> mesh_shape({"data": 2, "model": 2}, 4), mesh_shape({"model": 4}, 4), mesh_shape(None, 2)
+    ((2, 2), (1, 4), (2, 1))
+
+    Raises:
+        ConfigurationError: an axis other than ``data`` and ``model``, a size below 1, or
+            sizes whose product is not the device count.
+    """
+    if mesh is None:
+        return max(devices, 1), 1
+    unknown = sorted(set(mesh) - set(MESH_AXES)) if isinstance(mesh, Mapping) else mesh
+    if unknown or not mesh:
+        raise ConfigurationError(
+            message(
+                "A mesh names its axes and their sizes",
+                expected="a dict such as {'data': 2, 'model': 2}",
+                received=mesh,
+                choices=MESH_AXES,
+            )
+        )
+    sizes = [mesh.get(axis, 1) for axis in MESH_AXES]
+    if any(isinstance(n, bool) or not isinstance(n, int) or n < 1 for n in sizes) or sizes[0] * sizes[1] != devices:
+        raise ConfigurationError(
+            message(
+                "A mesh's axis sizes multiply to the number of devices it lays out",
+                expected=f"positive ints whose product is {devices} (len(devices))",
+                received=mesh,
+                fix=f"e.g. mesh={{'data': {max(devices // 2, 1)}, 'model': {2 if devices > 1 else 1}}} "
+                "with devices=[...] that many",
+            )
+        )
+    return sizes[0], sizes[1]
+
+
+def replicate(
+    devices: Sequence[Any] | None = None,
+    *,
+    backend: str,
+    strategy: str = "replicate",
+    mesh: dict[str, int] | None = None,
+) -> Replicas:
     """The replicas a step runs on: this process's ``devices`` (data-parallel with the
     framework's engine), or one device per process when ``xdevice launch`` started this one
     (joining the processes' group first).
@@ -40,10 +89,13 @@ def replicate(devices: Sequence[Any] | None = None, *, backend: str, strategy: s
         backend: the framework whose engine replicates (``"torch"``, ``"jax"``, ``"tensorflow"``).
         strategy: ``"replicate"`` (every device holds the whole model) or ``"fsdp"`` (each holds
             a shard of the parameters, gradients and optimizer state).
+        mesh: ``{"data": d, "model": m}`` (``d * m == len(devices)``, an axis left out is 1):
+            the batch split ``d`` ways and, with ``m > 1``, the transformers' layers ``m`` ways
+            (tensor parallel, JAX only); None: ``{"data": len(devices)}``.
 
     Raises:
-        ConfigurationError: an unknown strategy, or the backend cannot replicate or shard that
-            way (the error names the way that works).
+        ConfigurationError: an unknown strategy or a mesh that does not fit the devices, or the
+            backend cannot replicate, shard or split that way (the error names the way that works).
     """
     if strategy not in STRATEGIES:
         raise ConfigurationError(
@@ -55,6 +107,9 @@ def replicate(devices: Sequence[Any] | None = None, *, backend: str, strategy: s
             )
         )
     engine = _registry.backend(backend)  # its hooks refuse what it cannot do, naming who can
+    data, model = mesh_shape(mesh, len(devices) if devices is not None else 1)
+    if model > 1:
+        return _tensor_parallel(engine, list(devices or []), strategy, data, model)
     if launched():
         replicas = engine.process_replicas()
     elif devices is not None and len(devices) > 1:
@@ -92,3 +147,31 @@ def _no_replication(engine: Any, devices: list[Any], strategy: str = "replicate"
         received=[str(d) for d in devices],
         fix=fix,
     )
+
+
+def _tensor_parallel(engine: Any, devices: list[Any], strategy: str, data: int, model: int) -> Replicas:
+    """The replicas of a mesh with a ``model`` axis, refused before any device or process is
+    touched where the engine has no tensor-parallel layout or it is combined with fsdp."""
+    layout = f"mesh={{'data': {data}, 'model': {model}}}"
+    if strategy != "replicate":
+        raise ConfigurationError(
+            message(
+                "A mesh with a 'model' axis splits the layers; sharding the rest as well (strategy='fsdp') "
+                "is not done here",
+                received=f"strategy={strategy!r} with {layout}",
+                fix="leave strategy out with the mesh, or drop the 'model' axis for fsdp",
+            )
+        )
+    if not engine.supports_tensor_parallel:
+        able = [b.title for b in _registry.loaded_backends() if b.supports_tensor_parallel]
+        elsewhere = f"build the model with {' or '.join(able)}, which splits them over devices=[...], or "
+        elsewhere = elsewhere if able else ""
+        raise ConfigurationError(
+            message(
+                f"{engine.title} has no tensor-parallel layout here: xdevice does not split a model's attention "
+                "and MLP layers across devices on it (a mesh with a 'model' axis)",
+                received=layout,
+                fix=f"{elsewhere}drop the 'model' axis (mesh={{'data': N}} is data parallel)",
+            )
+        )
+    return engine.replicas([find(d, backend=engine.name) for d in devices]).tensor_parallel(data, model)

@@ -70,10 +70,15 @@ class Trainer:
         devices: train data-parallel over these devices with the framework's own engine
             (JAX ``Mesh`` + ``NamedSharding``, TensorFlow ``MirroredStrategy``): the global
             batch is split across them and the gradients are averaged.
-        strategy: with ``devices``, ``"replicate"`` (every device holds the whole model and
-            optimizer state) or ``"fsdp"`` (JAX: each device holds a shard of the parameters,
-            gradients and optimizer state, about 1/N of them; after training they stay sharded,
-            :meth:`gather` brings them whole onto one device, and saving gathers).
+        strategy: ``"replicate"`` (every device holds the whole model and optimizer state)
+            or ``"fsdp"`` (JAX over ``devices=[...]`` in one process; PyTorch across the
+            processes ``xdevice launch`` started, with FSDP2: each holds a shard of the
+            parameters, gradients and optimizer state, about 1/N of them; after training they
+            stay sharded, :meth:`gather` brings them whole, and saving gathers).
+        mesh: with ``devices``, lay them out as a grid, ``{"data": d, "model": m}`` (``d * m``
+            devices): the batch is split ``d`` ways and the zoo transformers' attention and MLP
+            layers ``m`` ways (tensor parallel, Megatron-LM's layout; JAX). They stay split
+            after training, as under fsdp. Default: ``{"data": len(devices)}``.
         stages: split a sequential model layer-wise, stage ``i`` on ``stages[i]``, for models
             that do not fit one device: a ``torch.nn.Sequential`` (cut into runs of about equal
             parameter counts) or a list of stage models (see ``programs.staged``).
@@ -111,6 +116,7 @@ class Trainer:
         device: Any = None,
         devices: Sequence[Any] | None = None,
         strategy: str = "replicate",
+        mesh: dict[str, int] | None = None,
         stages: Sequence[Any] | None = None,
         precision: str = "float32",
         metrics: Sequence[str | Callable] | None = None,
@@ -172,7 +178,7 @@ class Trainer:
         self.schedule = self.optimizer.schedule
         jit = jit and self.program.compiles_whole  # a split model compiles stage by stage
         compile_ = self.backend.jit if jit else (lambda f: f)
-        self.replicas = replicate(devices, backend=self.backend.name, strategy=strategy)
+        self.replicas = replicate(devices, backend=self.backend.name, strategy=strategy, mesh=mesh)
         self.program.params = self.replicas.place_params(self.program.params)
         self.program.buffers = self.replicas.place_params(self.program.buffers)
         state = self.optimizer.init(self.ops, self.program.params)
@@ -523,10 +529,11 @@ class Trainer:
         sums: dict[str, float] = {}
         rows = 0
         batches = source.epoch(0)
+        params, buffers = self.replicas.whole(self.program.params), self.replicas.whole(self.program.buffers)
         for batch in batches if isinstance(source, Batches) else self._checking(batches):
             x, y = self._on_device(batch)  # whole, not split: evaluated as on one device
             x, y = self.replicas.place_params({"x": x, "y": y}).values()  # beside the replicated params
-            loss, metrics = self._evaluate(self.program.params, self.program.buffers, x, y)
+            loss, metrics = self._evaluate(params, buffers, x, y)
             n = self.ops.shape(x)[0]
             for key, value in {"loss": loss, **metrics}.items():
                 sums[key] = sums.get(key, 0.0) + self._float(value) * n
@@ -542,7 +549,7 @@ class Trainer:
 
     def weights(self) -> dict[str, Any]:
         """A numpy copy of the trained parameters (``set_weights`` puts them back)."""
-        return {k: self.ops.to_numpy(v).copy() for k, v in self.program.params.items()}
+        return {k: self.ops.to_numpy(v).copy() for k, v in self.replicas.whole(self.program.params).items()}
 
     def set_weights(self, arrays: dict[str, Any]) -> None:
         p = self.program
@@ -562,12 +569,14 @@ class Trainer:
                     fix=f"save after {self.accumulate - len(self._group)} more step() call(s); fit saves between steps",
                 )
             )
+        whole = self.replicas.whole  # every rank takes part in gathering shards
+        params, buffers, state = whole(self.program.params), whole(self.program.buffers), whole(self.state)
         if self.replicas.rank != 0:
             return
-        p, to_numpy = self.program, self.ops.to_numpy
+        to_numpy = self.ops.to_numpy
         arrays = {
-            **{f"param/{k}": to_numpy(v) for k, v in p.params.items()},
-            **{f"buffer/{k}": to_numpy(v) for k, v in p.buffers.items()},
+            **{f"param/{k}": to_numpy(v) for k, v in params.items()},
+            **{f"buffer/{k}": to_numpy(v) for k, v in buffers.items()},
         }
         record = {
             "step": self.step_count,
@@ -580,7 +589,7 @@ class Trainer:
             "backend": self.backend.name,
             "history": {"epochs": self.history.epochs, "steps": self.history.steps},
         }
-        checkpoint.write(folder, arrays, {k: to_numpy(v) for k, v in self.state.items()}, record)
+        checkpoint.write(folder, arrays, {k: to_numpy(v) for k, v in state.items()}, record)
 
     def load(self, folder: str) -> Trainer:
         """Resume from a checkpoint :meth:`save` wrote: weights, optimizer state, position.
@@ -666,7 +675,7 @@ class Trainer:
         rules.check_x(x)  # an input the parameters cannot take fails in the forward pass
         p = self.program
         placed = self.replicas.place_params({"x": self.backend.to_device(self.ops.asarray(x), p.device)})["x"]
-        out, _ = p.forward(p.params, p.buffers, placed, False)
+        out, _ = p.forward(self.replicas.whole(p.params), self.replicas.whole(p.buffers), placed, False)
         rules.set_outputs(tuple(int(d) for d in self.ops.shape(out)[1:]))
 
     # -- helpers --------------------------------------------------------------------------
@@ -810,6 +819,7 @@ def fit(
     device: Any = None,
     devices: Sequence[Any] | None = None,
     strategy: str = "replicate",
+    mesh: dict[str, int] | None = None,
     stages: Sequence[Any] | None = None,
     precision: str = "float32",
     metrics: Sequence[str | Callable] | None = None,
@@ -853,6 +863,7 @@ def fit(
             device=device,
             devices=devices,
             strategy=strategy,
+            mesh=mesh,
             stages=stages,
             precision=precision,
             metrics=metrics,
