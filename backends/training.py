@@ -242,8 +242,8 @@ class Replicas:
     def whole(self, arrays: dict[str, Any]) -> dict[str, Any]:
         """``arrays`` as code outside the step reads them (evaluation, numpy copies,
         checkpoints). An engine whose shards are not arrays of the whole (PyTorch's DTensors
-        under FSDP2) all-gathers here, every rank calling it; JAX's sharded arrays already
-        read as whole arrays."""
+        under FSDP2) all-gathers here, every rank calling it; JAX's sharded arrays read as whole
+        arrays in one process, and across processes JAX all-gathers them here too."""
         return arrays
 
     def tensor_parallel(self, data: int, model: int) -> Replicas:

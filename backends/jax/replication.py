@@ -18,11 +18,15 @@ Across processes (``jax.distributed``, joined from what ``xdevice launch`` set) 
 mesh spans every process's devices and the same jitted step runs in each (SPMD). Every
 process holds the same global batch (the order depends on the seed only) and gives JAX
 host copies, from which each keeps the rows of its own devices; params start as process
-0's (``broadcast_one_to_all``), as DDP starts from rank 0's.
+0's (``broadcast_one_to_all``), as DDP starts from rank 0's. Under ``strategy="fsdp"`` each
+process keeps only its own shards of the params and optimizer state (the same
+``NamedSharding`` over the global mesh), and :meth:`Replicas.whole` all-gathers them, every
+process calling it, where code outside the step reads them (evaluation, weights, checkpoints).
 """
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Callable
 from typing import Any
@@ -51,11 +55,16 @@ class Replicas(training.Replicas):
         self.processes = jax.process_count() > 1
 
     def place_params(self, arrays: dict[str, Any]) -> dict[str, Any]:
-        if self.processes:  # a mesh over other processes' devices takes host values
-            from jax.experimental import multihost_utils
+        return {k: self._put(v, self.replicated) for k, v in self._shared(arrays).items()}
 
-            arrays = multihost_utils.broadcast_one_to_all({k: np.asarray(v) for k, v in arrays.items()})
-        return {k: jax.device_put(v, self.replicated) for k, v in arrays.items()}
+    def _shared(self, arrays: dict[str, Any]) -> dict[str, Any]:
+        """``arrays`` as JAX takes them for a mesh: across processes, process 0's host values
+        (every process then keeps the pieces of its own devices); in one process, as they are."""
+        if not self.processes:
+            return arrays
+        from jax.experimental import multihost_utils
+
+        return multihost_utils.broadcast_one_to_all({k: np.asarray(v) for k, v in arrays.items()})
 
     def place_batch(self, x: Any, y: Any) -> tuple[Any, Any]:
         # JAX splits one array into equal shards: a short batch's x is padded with repeats of
@@ -67,10 +76,21 @@ class Replicas(training.Replicas):
         rows = x.shape[0]
         short = -rows % self.rows
         if not short:
-            return jax.device_put(x, self.split), jax.device_put(y, self.split)
+            return self._put(x, self.split), self._put(y, self.split)
         xp = np if self.processes else jnp
         padded = xp.concatenate([x, xp.take(x, xp.arange(short) % rows, axis=0)])
-        return jax.device_put(padded, self.split), jax.device_put(y, self.replicated)
+        return self._put(padded, self.split), self._put(y, self.replicated)
+
+    def _put(self, value: Any, sharding: NamedSharding) -> jax.Array:
+        """``value`` placed as ``sharding`` says. Across processes each process keeps the
+        pieces of its own devices from its host copy, with no exchange: ``jax.device_put``
+        would first check that every process holds the same value (a collective), and the
+        trainer may place batches on a prefetching thread, whose collectives would then meet
+        the step's in a different order in each process."""
+        if not self.processes:
+            return jax.device_put(value, sharding)
+        host = np.asarray(value)
+        return jax.make_array_from_callback(host.shape, sharding, lambda index: host[index])
 
     def gather(self, arrays: dict[str, Any], device: Device) -> dict[str, Any]:
         """``arrays`` (copies over the mesh) on ``device`` alone, for use outside the step."""
@@ -78,15 +98,6 @@ class Replicas(training.Replicas):
         return {k: jax.device_put(v.addressable_data(0), where) for k, v in arrays.items()}
 
     def sharded(self) -> ShardedReplicas:
-        if self.processes:
-            raise ConfigurationError(
-                message(
-                    "JAX shards parameters (strategy='fsdp') over the devices of one process, not yet across "
-                    "processes started by xdevice launch",
-                    received=f"strategy='fsdp' in process {self.rank} of {jax.process_count()}",
-                    fix="run one process with devices=[...] (all its devices), or strategy='replicate' under launch",
-                )
-            )
         return ShardedReplicas(self.backend, list(self.mesh.devices.flat))
 
     def tensor_parallel(self, data: int, model: int) -> TensorParallelReplicas:
@@ -118,12 +129,15 @@ class ShardedReplicas(Replicas):
         return self.replicated if axis is None else NamedSharding(self.mesh, PartitionSpec(*[None] * axis, over))
 
     def place_params(self, arrays: dict[str, Any]) -> dict[str, Any]:
-        return {k: jax.device_put(v, self.sharding(k, v)) for k, v in arrays.items()}
+        return {k: self._put(v, self.sharding(k, v)) for k, v in self._shared(arrays).items()}
 
     def _constrain(self, name: str, value: Any) -> Any:
         if not getattr(value, "shape", ()):  # a scalar (or not an array): left to XLA
             return value
-        return jax.lax.with_sharding_constraint(value, self.sharding(name, value))
+        # a result with no name (the step's loss and metrics, one vector) is whole in every
+        # process, so each reads it; a named one (param, buffer, slot) keeps its shards
+        where = self.sharding(name, value) if name else self.replicated
+        return jax.lax.with_sharding_constraint(value, where)
 
     def value_and_grad(self, objective: Callable, params: dict[str, Any]) -> tuple[tuple[Any, Any], dict[str, Any]]:
         (value, aux), grads = super().value_and_grad(objective, params)
@@ -142,9 +156,27 @@ class ShardedReplicas(Replicas):
         return super().compile_donating(self._keeping_shards(step), donate)
 
     def gather(self, arrays: dict[str, Any], device: Device) -> dict[str, Any]:
-        """``arrays`` (sharded over the mesh) whole on ``device``: the explicit gather."""
+        """``arrays`` (sharded over the mesh) whole on ``device``: the explicit gather (across
+        processes every process calls it, and each gets the whole arrays on its own device)."""
         where = self.backend.native_device(device)
+        if self.processes:
+            return {k: jax.device_put(v.addressable_data(0), where) for k, v in self.whole(arrays).items()}
         return {k: jax.device_put(v, where) for k, v in arrays.items()}
+
+    def whole(self, arrays: dict[str, Any]) -> dict[str, Any]:
+        """``arrays`` as code outside the step reads them. In one process a sharded array
+        already reads as the whole array; across processes each holds only its shards, so the
+        shards are all-gathered into a copy whole on every device of the mesh (readable with
+        ``np.asarray`` in each process, and computed with beside the mesh's other arrays).
+        Every process calls it, as for any collective."""
+        split = {k: v for k, v in arrays.items() if _split_across_processes(v)} if self.processes else {}
+        return {**arrays, **self._all_gather(split)} if split else arrays
+
+    @functools.cached_property
+    def _all_gather(self) -> Callable[[dict[str, Any]], dict[str, Any]]:
+        # a jitted identity whose results are whole on every device: XLA inserts the
+        # all-gathers (multihost_utils.process_allgather does the same, then copies to the host)
+        return jax.jit(lambda tree: tree, out_shardings=self.replicated)
 
 
 class TensorParallelReplicas(ShardedReplicas):
@@ -162,6 +194,11 @@ class TensorParallelReplicas(ShardedReplicas):
     def sharding(self, name: str, value: Any) -> NamedSharding:
         """Split along ``training.tensor_parallel_axis`` over ``model``, or whole everywhere."""
         return self._split(training.tensor_parallel_axis(name, tuple(getattr(value, "shape", ())), self.model), "model")
+
+
+def _split_across_processes(value: Any) -> bool:
+    """Whether ``value`` is a JAX array of which this process holds only some pieces."""
+    return isinstance(value, jax.Array) and not value.is_fully_addressable and not value.is_fully_replicated
 
 
 def _name(path: tuple) -> str:

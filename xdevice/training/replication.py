@@ -7,8 +7,9 @@ stays the same on one device, several, or several processes. Each backend suppli
 ``MirroredStrategy`` / ``MultiWorkerMirroredStrategy``, PyTorch ``DistributedDataParallel``.
 
 ``strategy="fsdp"`` shards the parameters, gradients and optimizer state across the devices
-instead of copying them (``Replicas.sharded``): JAX in one process over ``devices=[...]``,
-PyTorch across the processes ``xdevice launch`` started (FSDP2 ``fully_shard``); TensorFlow,
+instead of copying them (``Replicas.sharded``): JAX over ``devices=[...]`` in one process or
+across the processes ``xdevice launch`` started, PyTorch across launched processes (FSDP2
+``fully_shard``); TensorFlow,
 and PyTorch in one process, refuse it by name, with the way that works.
 
 ``mesh={"data": 2, "model": 2}`` lays the devices out as a grid: the batch is split over

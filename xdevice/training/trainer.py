@@ -559,7 +559,7 @@ class Trainer:
 
     def save(self, folder: str) -> None:
         """Write a checkpoint (safetensors + JSON) that :meth:`load` resumes exactly (with
-        several processes, rank 0 writes it: every rank holds the same values); the learning
+        several processes, rank 0 writes it, sharded values gathered first by every rank); the learning
         rate schedule is part of the optimizer's record."""
         if self.accumulate > 1 and self._group:
             raise ConfigurationError(
