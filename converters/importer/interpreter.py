@@ -18,7 +18,10 @@ signature alone (constants, shapes and the arithmetic over them), so a later cal
 same signature runs only the nodes that compute on data. Nodes that compute on the weights
 alone (an exporter's reordering of an LSTM's gates, a transposed weight) are found by
 :func:`weight_only`: an ``ImportedModel`` call runs them once and hands their results to the
-captured program instead of the weights (``run_graph(..., skip=...)``).
+captured program instead of the weights (``run_graph(..., skip=...)``). A handler's own work
+on its weight inputs alone (an LSTM's gates put in the op set's order) is registered with
+:func:`prepares`: it too runs once per state of the weights, and the handler finds its
+results in ``ctx.prepared`` (``run_graph(..., prepared=...)``).
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import functools
-from collections.abc import Collection, Container, Iterable
+from collections.abc import Callable, Collection, Container, Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -44,6 +47,9 @@ __all__ = [
     "run_nodes",
     "unsupported",
     "weight_only",
+    "prepares",
+    "prepared_nodes",
+    "prepare_weights",
     "numpy_of",
     "ONNX_DTYPES",
     "onnx_dtype",
@@ -79,6 +85,8 @@ ONNX_DTYPES = {
 _RANDOM = ("RandomNormal", "RandomNormalLike", "RandomUniform", "RandomUniformLike", "Bernoulli", "Multinomial")
 #: ops whose static output depends on their input's shape alone, not its values
 _SHAPE_ONLY = ("Shape", "Size")
+#: default-domain op -> (positions of its weight inputs, their preparation), see ``prepares``
+_PREPARATIONS: dict[str, tuple[tuple[int, ...], Callable]] = {}
 
 
 def onnx_dtype(code: int) -> str:
@@ -248,6 +256,11 @@ class Context:
         self.ops = backend.ops
         self.node: Node | None = None
         self.values: dict[str, Any] = {}  # the enclosing scope, for nodes with subgraphs
+        # the node's inputs as the graph holds them (static numpy where known when the graph
+        # is built), before they were converted to the backend's arrays
+        self.given: list[Any] = []
+        # what the node's weight preparation (see ``prepares``) made, when it ran before the call
+        self.prepared: tuple | None = None
 
     def static(self, value: Any) -> np.ndarray | None:
         """``value`` as a concrete numpy array (None stays None); raises under tracing when
@@ -356,6 +369,12 @@ def weight_only(graph: Graph, weights: Collection[str]) -> list[int]:
     >>> weight_only(Graph(proto, {"": 17}), {"w"})
     [0]
     """
+    return _weight_values(graph, weights)[0]
+
+
+def _weight_values(graph: Graph, weights: Collection[str]) -> tuple[list[int], set[str], set[str]]:
+    """``weight_only``'s positions, the names of the values computed from ``weights`` (those
+    included) and the names of the constants."""
     derived = set(weights)
     fixed = set(graph.initializers) - derived  # constants: initializers and what folds from them alone
     found = []
@@ -368,6 +387,59 @@ def weight_only(graph: Graph, weights: Collection[str]) -> list[int]:
         elif node.op not in _SHAPE_ONLY:
             found.append(index)
             derived.update(name for name in node.outputs if name)
+    return found, derived, fixed
+
+
+def prepares(op: str, inputs: tuple[int, ...]) -> Callable:
+    """Register ``fn(ctx, node, *weight_inputs) -> tuple of arrays | None`` as the part of the
+    default-domain ``op``'s handler that computes on its inputs at positions ``inputs`` alone.
+    Where those inputs are weights and constants, an ``ImportedModel`` runs ``fn`` once per
+    state of the weights and the handler finds its results in ``ctx.prepared`` (None where it
+    did not run); ``fn`` returns None for a node it has nothing to prepare for. Results must
+    be what the handler would compute itself, so that a call gives the same values either way.
+    """
+
+    def register(fn: Callable) -> Callable:
+        _PREPARATIONS[op] = (inputs, fn)
+        return fn
+
+    return register
+
+
+def prepared_nodes(graph: Graph, weights: Collection[str]) -> list[int]:
+    """Positions of the nodes of ``graph`` (not its subgraphs) whose handler has a weight
+    preparation (:func:`prepares`) and whose inputs it reads are ``weights`` and constants
+    alone (directly or through :func:`weight_only` nodes), at least one of them a weight.
+    Preparations register when the handler modules load: call it after :meth:`Graph.bind`."""
+    _, derived, fixed = _weight_values(graph, weights)
+    found = []
+    for index, node in enumerate(graph.nodes):
+        entry = _PREPARATIONS.get(node.op) if node.domain_key == "" else None
+        if entry is None:
+            continue
+        names = [node.inputs[i] for i in entry[0] if i < len(node.inputs) and node.inputs[i]]
+        if any(name in derived for name in names) and all(name in derived or name in fixed for name in names):
+            found.append(index)
+    return found
+
+
+def prepare_weights(graph: Graph, ctx: Context, values: dict[str, Any], positions: Iterable[int]) -> dict[int, tuple]:
+    """Run the weight preparations of the nodes at ``positions`` (see :func:`prepared_nodes`)
+    over ``values`` (the weights and what the weight-only nodes made) and ``graph``'s
+    initializers; returns their results by node position, for the nodes that had any."""
+    values = {**graph.initializers, **values}
+    found = {}
+    for index in positions:
+        node = graph.nodes[index]
+        inputs, fn = _PREPARATIONS[node.op]
+        args = [ctx.array(values[node.inputs[i]]) if i < len(node.inputs) and node.inputs[i] else None for i in inputs]
+        previous, ctx.node = ctx.node, node
+        try:
+            made = fn(ctx, node, *args)
+        finally:
+            ctx.node = previous
+        if made is not None:
+            found[index] = tuple(made)
     return found
 
 
@@ -385,11 +457,18 @@ def run_nodes(graph: Graph, ctx: Context, values: dict[str, Any], positions: Ite
 
 
 def run_graph(
-    graph: Graph, ctx: Context, values: dict[str, Any], plan: Plan | None = None, skip: Container[int] = ()
+    graph: Graph,
+    ctx: Context,
+    values: dict[str, Any],
+    plan: Plan | None = None,
+    skip: Container[int] = (),
+    prepared: Mapping[int, Sequence[str]] | None = None,
 ) -> list[Any]:
     """Run ``graph`` with ``values`` (inputs, initializers, outer values) and return its
     outputs; with a ``plan``, take (or record) the outputs fixed by the input signature. The
-    nodes at the positions in ``skip`` do not run: ``values`` holds their outputs."""
+    nodes at the positions in ``skip`` do not run: ``values`` holds their outputs. The node at
+    a position in ``prepared`` finds the values of the names there in ``ctx.prepared`` (what
+    its weight preparation made, see :func:`prepares`)."""
     values = {**graph.initializers, **values, "": None}
     folded = plan.folded if plan is not None and not plan.recording else {}
     for index, node in enumerate(graph.nodes):
@@ -399,7 +478,10 @@ def run_graph(
         if outputs is None:
             args = [values[name] if name in values else _missing_input(node, name) for name in node.inputs]
             fold = node.foldable and all(is_static(a) for a in args) and any(a is not None for a in args)
-            outputs = _run_node(node, ctx, graph.opsets, args, values, fold)
+            made = prepared.get(index) if prepared else None
+            outputs = _run_node(
+                node, ctx, graph.opsets, args, values, fold, made=None if made is None else [values[n] for n in made]
+            )
             if not isinstance(outputs, tuple):
                 outputs = (outputs,)
             if plan is not None and plan.recording:  # an initializer not replaced by a param is fixed
@@ -423,7 +505,14 @@ def run_graph(
 
 
 def _run_node(
-    node: Node, ctx: Context, opsets: dict[str, int], args: list, values: dict, fold: bool, symbolic: bool = False
+    node: Node,
+    ctx: Context,
+    opsets: dict[str, int],
+    args: list,
+    values: dict,
+    fold: bool,
+    symbolic: bool = False,
+    made: list | None = None,
 ) -> Any:
     found = node.handler
     if found is None:  # a graph nobody bound: resolve it now (unsupported() guards the rest)
@@ -437,8 +526,10 @@ def _run_node(
                 return _run_node(node, ctx, opsets, args, values, fold=True, symbolic=True)
             except Exception:  # noqa: BLE001 - what numpy cannot do on them, the framework does
                 pass
-    target = _numpy_context(ctx) if fold else ctx
+    target = outer = _numpy_context(ctx) if fold else ctx
     previous, target.node = target.node, node
+    before = target.given, target.prepared
+    target.given, target.prepared = args, None if fold or made is None else tuple(made)
     try:
         if not fold:
             static = found.static
@@ -459,7 +550,8 @@ def _run_node(
             error.__notes__ = [*(notes or ()), f"while running the {node.op} node {node.name!r}"]  # type: ignore[attr-defined]  # 3.10 stubs lack it
         raise
     finally:
-        target.node = previous
+        outer.node = previous
+        outer.given, outer.prepared = before
     if fold:  # keep folded results static (numpy), whatever the numpy backend returned
         out = tuple(_as_static(o) for o in out) if isinstance(out, tuple) else _as_static(out)
     return out

@@ -19,6 +19,8 @@ from xdevice.converters.importer.interpreter import (
     Graph,
     Plan,
     is_static,
+    prepare_weights,
+    prepared_nodes,
     run_graph,
     run_nodes,
     unsupported,
@@ -120,11 +122,14 @@ class ImportedModel:
         self._prepared_names = [
             name for i in self._prepare for name in self.graph.nodes[i].outputs if name and name in read
         ]
+        # ... and so do handlers' own preparations of their weight inputs (an LSTM's gate order)
+        self._preparing = prepared_nodes(self.graph, self.params)
         self._prepare_reads = sorted(
-            {name for i in self._prepare for name in self.graph.nodes[i].inputs if name in self.params}
+            {name for i in [*self._prepare, *self._preparing] for name in self.graph.nodes[i].inputs} & set(self.params)
         )
         self._still_read = [name for name in self.params if name in read]
         self._prepared: tuple[tuple, dict[str, Any]] | None = None  # (state of the weights, results)
+        self._prepared_inputs: dict[int, list[str]] = {}  # node position -> names of its preparation's results
 
     def apply(self, params: dict[str, Any], *inputs: Any) -> tuple[Any, ...]:
         """The graph's outputs for ``inputs`` with the float initializers taken from
@@ -139,8 +144,11 @@ class ImportedModel:
             )
         return self._run(params, inputs, ())
 
-    def _run(self, weights: dict[str, Any], inputs: tuple, skip: Any) -> tuple[Any, ...]:
-        """``apply`` with ``weights`` holding the outputs of the nodes at positions ``skip``."""
+    def _run(
+        self, weights: dict[str, Any], inputs: tuple, skip: Any, prepared: dict[int, list[str]] | None = None
+    ) -> tuple[Any, ...]:
+        """``apply`` with ``weights`` holding the outputs of the nodes at positions ``skip`` and
+        the results of the weight preparations named in ``prepared`` (by node position)."""
         ctx = Context(self.backend)
         with self._scope():
             feeds = [self._input(x) for x in inputs]
@@ -152,7 +160,7 @@ class ImportedModel:
             plan = Plan(self.params)  # (a dict: its keys are the names)
         values = {**weights, **dict(zip(self.input_names, feeds))}
         with self._scope():
-            outputs = run_graph(self.graph, ctx, values, plan, skip)
+            outputs = run_graph(self.graph, ctx, values, plan, skip, prepared)
             result = tuple(ctx.array(o) if _numeric_static(o) else o for o in outputs)
         if fresh:
             assert key is not None and plan is not None  # fresh: a new plan for a known signature
@@ -171,7 +179,7 @@ class ImportedModel:
         key = _quick_key(inputs)
         known = self._known.get(key) if key is not None else None
         if known is not None:  # inputs like these ran captured before: checked, nothing to convert
-            weights = self._weights() if self._prepare else self.params
+            weights = self._weights() if self._prepare or self._preparing else self.params
             if self._follows_gpu:
                 with self._scope():
                     outputs = known(weights, *inputs)
@@ -182,7 +190,7 @@ class ImportedModel:
         outputs = None
         if self._captures and all(_is_tensor(x) for x in inputs):
             try:
-                weights = self._weights() if self._prepare else self.params
+                weights = self._weights() if self._prepare or self._preparing else self.params
                 program, placed = self._program(inputs, weights)
                 # a jitted JAX program and a tf.function place what no argument pins on the
                 # default device of the call; a torch.fx graph keeps the devices it was traced under
@@ -253,8 +261,8 @@ class ImportedModel:
             if weights is None:
                 program = self.backend.capture(self.apply, self.params, *placed)
             else:
-                skip = frozenset(self._prepare)
-                program = self.backend.capture(lambda w, *xs: self._run(w, xs, skip), weights, *placed)
+                skip, prepared = frozenset(self._prepare), dict(self._prepared_inputs)
+                program = self.backend.capture(lambda w, *xs: self._run(w, xs, skip, prepared), weights, *placed)
             if key is not None:
                 if len(self._programs) >= _PLANS:
                     self._programs.clear()
@@ -262,17 +270,26 @@ class ImportedModel:
         return program, placed
 
     def _weights(self) -> dict[str, Any]:
-        """What a call's program takes for the weights: the results of the weight-only nodes,
-        computed again only when a weight they read was replaced or written in place (PyTorch
-        counts a tensor's in-place writes in ``_version``), and the weights other nodes read."""
+        """What a call's program takes for the weights: the results of the weight-only nodes
+        and of the handlers' weight preparations, computed again only when a weight they read
+        was replaced or written in place (PyTorch counts a tensor's in-place writes in
+        ``_version``), and the weights other nodes read."""
         params = self.params
         state = tuple((id(params[n]), getattr(params[n], "_version", None)) for n in self._prepare_reads)
         if self._prepared is None or self._prepared[0] != state:
+            ctx = Context(self.backend)
             with self._scope():
-                values = run_nodes(self.graph, Context(self.backend), params, self._prepare)
+                values = run_nodes(self.graph, ctx, params, self._prepare)
+                made = prepare_weights(self.graph, ctx, values, self._preparing)
             prepared = {name: values[name] for name in self._prepared_names}
+            self._prepared_inputs = {}
+            for index, results in made.items():
+                names = [f"<prepared by node {index}: {k}>" for k in range(len(results))]
+                self._prepared_inputs[index] = names
+                prepared.update(zip(names, results))
             if not all(_is_tensor(v) and not is_static(v) for v in prepared.values()):
-                self._prepare = []  # a sequence or a value numpy folded: the graph runs as written
+                self._prepare, self._preparing = [], []  # a sequence or a value numpy folded: the graph runs as written
+                self._prepared_inputs = {}
                 return params
             self._prepared = (state, prepared)
         return {**{name: params[name] for name in self._still_read}, **self._prepared[1]}

@@ -12,6 +12,11 @@ the handler registered with the largest ``since`` not above it runs. So a handle
 later versions that only widened the types; where the meaning changed, register again at
 that version. ``static`` lists input positions that must be known when the graph is
 built (shapes, axes, pads...): they arrive as numpy arrays.
+
+A handler whose op does work on its weight inputs alone (an LSTM's gate reordering) registers
+that part with ``interpreter.prepares(op, inputs)``: an imported model runs it once per state
+of the weights and the handler finds the result in ``ctx.prepared`` (None when it must do the
+work itself); ``ctx.given`` holds the node's inputs before they became the backend's arrays.
 """
 
 from __future__ import annotations

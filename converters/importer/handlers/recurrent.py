@@ -3,7 +3,9 @@ initial states, clipping and every activation ONNX names.
 
 A plain LSTM, or a GRU with ``linear_before_reset`` (what PyTorch and Keras export), runs
 through the op set's ``lstm`` / ``gru`` (one fused kernel or scan where the framework has
-one), its gates reordered; everything else steps through time here.
+one), its gates reordered; everything else steps through time here. The reordering reads the
+weights alone: registered with ``prepares``, an imported model does it once per state of the
+weights, not in every call.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from xdevice.converters.importer.handlers._nn import _rank, _unsupported
+from xdevice.converters.importer.interpreter import prepares
 from xdevice.converters.importer.registry import handler
 
 # -- recurrent layers -------------------------------------------------------------------------
@@ -129,12 +132,12 @@ def _recurrent(ctx, node, x, w, r, b, lengths, states, step, defaults, gates: in
     return (y, *last)
 
 
-def _plain(node, defaults: list[str], lengths, directions: int) -> bool:
+def _plain(node, defaults: list[str], has_lengths: bool, directions: int) -> bool:
     """Whether the node computes what the op set's fused layer computes: default
     activations, no clipping, every sequence at full length."""
     names = [n.lower() for n in (node.attr("activations", None) or defaults * directions)]
     return (
-        lengths is None
+        not has_lengths
         and node.attr("clip", None) is None
         and not node.attr("activation_alpha", None)
         and not node.attr("activation_beta", None)
@@ -148,30 +151,50 @@ def _gates(ops, m, order: tuple[int, ...]):
     return ops.concat([blocks[i] for i in order], axis=0)
 
 
-def _fused(ctx, node, x, w, r, b, states, order: tuple[int, ...], layer):
+def _given(node, position: int) -> bool:
+    """Whether the node names an input at ``position`` (ONNX leaves an optional one out, or
+    names it "")."""
+    return position < len(node.inputs) and bool(node.inputs[position])
+
+
+def _fused_weights(ops, w, r, b, order: tuple[int, ...], summed: bool) -> tuple:
+    """Per direction, one after the other: ``w_ih (in, G*H)`` and ``w_hh (H, G*H)`` with the
+    gates in the op set's ``order``, then the input and recurrent biases (zeros without ``b``),
+    or their sum where ``summed``. Only the weights are read: see ``prepares``."""
+    hidden = ops.shape(r)[-1]
+    size = len(order) * hidden
+    found: list = []
+    for d in range(ops.shape(w)[0]):
+        w_ih = ops.swap_last(_gates(ops, ops.take(w, d, axis=0), order))
+        w_hh = ops.swap_last(_gates(ops, ops.take(r, d, axis=0), order))
+        if b is None:
+            wb = rb = ops.zeros((size,), ops.dtype(w))
+        else:
+            bias = ops.take(b, d, axis=0)
+            wb, rb = (_gates(ops, ops.slice(bias, [i * size], [(i + 1) * size]), order) for i in (0, 1))
+        found += [w_ih, w_hh, ops.add(wb, rb)] if summed else [w_ih, w_hh, wb, rb]
+    return tuple(found)
+
+
+def _fused(ctx, node, x, r, states, weights: tuple, layer):
     """Both directions and both layouts around one call per direction of
-    ``layer(ops, x (B, T, in), initial states, w_ih (in, G*H), w_hh (H, G*H), w_bias, r_bias)
-    -> (outputs (B, T, H), *final states)``, with the weights' gates in the op set's order."""
+    ``layer(ops, x (B, T, in), initial states, *that direction's weights)
+    -> (outputs (B, T, H), *final states)``, ``weights`` as ``_fused_weights`` makes them."""
     ops = ctx.ops
     layout = node.attr("layout", 0)
     xs = x if layout else ops.transpose(x, (1, 0, 2))  # (B, T, in)
     if layout:
         states = [None if s is None else ops.transpose(s, (1, 0, 2)) for s in states]
     batch, hidden, dtype = ops.shape(xs)[0], ops.shape(r)[-1], ops.dtype(x)
-    size = len(order) * hidden
+    directions = ops.shape(r)[0]
+    per = len(weights) // directions
     reverse_only = node.attr("direction", "forward") == "reverse"
     ys, finals = [], []
-    for d in range(ops.shape(w)[0]):
+    for d in range(directions):
         reverse = reverse_only or d == 1
-        w_ih = ops.swap_last(_gates(ops, ops.take(w, d, axis=0), order))
-        w_hh = ops.swap_last(_gates(ops, ops.take(r, d, axis=0), order))
-        if b is None:
-            wb = rb = ops.zeros((size,), dtype)
-        else:
-            bias = ops.take(b, d, axis=0)
-            wb, rb = (_gates(ops, ops.slice(bias, [i * size], [(i + 1) * size]), order) for i in (0, 1))
         initial = [ops.zeros((batch, hidden), dtype) if s is None else ops.take(s, d, axis=0) for s in states]
-        out, *last = layer(ops, ops.flip(xs, (1,)) if reverse else xs, initial, w_ih, w_hh, wb, rb)
+        mine = weights[d * per : (d + 1) * per]
+        out, *last = layer(ops, ops.flip(xs, (1,)) if reverse else xs, initial, *mine)
         ys.append(ops.flip(out, (1,)) if reverse else out)
         finals.append(last)
     y = ops.stack(ys, axis=2)  # (B, T, dirs, H)
@@ -219,25 +242,57 @@ def _gru_step_factory(linear_before_reset: bool):
     return step
 
 
+_GRU_ORDER = (1, 0, 2)  # z r h -> r z n
+_LSTM_ORDER = (0, 2, 3, 1)  # i o f c -> i f g o
+
+
+def _gru_fuses(node, has_lengths: bool, directions: int) -> bool:
+    return bool(node.attr("linear_before_reset", 0)) and _plain(node, ["Sigmoid", "Tanh"], has_lengths, directions)
+
+
+@prepares("GRU", inputs=(1, 2, 3))
+def gru_weights(ctx, node, w, r, b=None):
+    """A fused GRU's weights in the op set's layout (see ``_fused_weights``); None where the
+    node steps through time here."""
+    if not _gru_fuses(node, _given(node, 4), ctx.ops.shape(w)[0]):
+        return None
+    return _fused_weights(ctx.ops, w, r, b, _GRU_ORDER, summed=False)
+
+
 @handler("GRU", since=1)
 def gru(ctx, node, x, w, r, b=None, sequence_lens=None, initial_h=None):
     """ONNX's GRU with gates ``z, r, h`` in W, R and B (not the op set's ``r, z, n``);
     ``linear_before_reset`` applies the reset gate after ``H R_h^T + Rb_h``."""
-    directions = ctx.ops.shape(w)[0]
-    if node.attr("linear_before_reset", 0) and _plain(node, ["Sigmoid", "Tanh"], sequence_lens, directions):
+    if _gru_fuses(node, sequence_lens is not None, ctx.ops.shape(w)[0]):
+        weights = ctx.prepared or _fused_weights(ctx.ops, w, r, b, _GRU_ORDER, summed=False)
         return _fused(
             ctx,
             node,
             x,
-            w,
             r,
-            b,
             [initial_h],
-            (1, 0, 2),  # z r h -> r z n
+            weights,
             lambda ops, xs, init, wi, wh, wb, rb: ops.gru(xs, init[0], wi, wh, wb, rb),
         )
     step = _gru_step_factory(bool(node.attr("linear_before_reset", 0)))
     return _recurrent(ctx, node, x, w, r, b, sequence_lens, [initial_h], step, ["Sigmoid", "Tanh"], 3)
+
+
+def _lstm_fuses(node, has_lengths: bool, has_peepholes: bool, directions: int) -> bool:
+    return (
+        not has_peepholes
+        and not node.attr("input_forget", 0)
+        and _plain(node, ["Sigmoid", "Tanh", "Tanh"], has_lengths, directions)
+    )
+
+
+@prepares("LSTM", inputs=(1, 2, 3))
+def lstm_weights(ctx, node, w, r, b=None):
+    """A fused LSTM's weights in the op set's layout, its two biases summed (see
+    ``_fused_weights``); None where the node steps through time here."""
+    if not _lstm_fuses(node, _given(node, 4), _given(node, 7), ctx.ops.shape(w)[0]):
+        return None
+    return _fused_weights(ctx.ops, w, r, b, _LSTM_ORDER, summed=True)
 
 
 @handler("LSTM", since=1)
@@ -246,17 +301,16 @@ def lstm(ctx, node, x, w, r, b=None, sequence_lens=None, initial_h=None, initial
     peepholes ``P = [Pi, Po, Pf]`` and ``input_forget`` coupling ``f = 1 - i``."""
     ops = ctx.ops
     couple = bool(node.attr("input_forget", 0))
-    if p is None and not couple and _plain(node, ["Sigmoid", "Tanh", "Tanh"], sequence_lens, ops.shape(w)[0]):
+    if _lstm_fuses(node, sequence_lens is not None, p is not None, ops.shape(w)[0]):
+        weights = ctx.prepared or _fused_weights(ops, w, r, b, _LSTM_ORDER, summed=True)
         return _fused(
             ctx,
             node,
             x,
-            w,
             r,
-            b,
             [initial_h, initial_c],
-            (0, 2, 3, 1),  # i o f c -> i f g o
-            lambda ops, xs, init, wi, wh, wb, rb: ops.lstm(xs, *init, wi, wh, ops.add(wb, rb)),
+            weights,
+            lambda ops, xs, init, wi, wh, bias: ops.lstm(xs, *init, wi, wh, bias),
         )
 
     def step(ops, acts, xp, states, rd, rb, clip, d):

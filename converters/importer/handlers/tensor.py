@@ -211,7 +211,16 @@ def slice_10(ctx, node, x, starts, ends, axes=None, steps=None):
 
 @handler("Gather", since=1)
 def gather(ctx, node, x, indices):
-    return ctx.ops.take(x, indices, axis=node.attr("axis", 0))  # negative indices count from the end
+    """Negative indices count from the end. Indices known when the graph is built (a constant,
+    an initializer) are put in range here, once, in numpy: a single one becomes a plain index
+    (a view where the framework has them), not a gather that checks its sign in every call."""
+    axis = node.attr("axis", 0)
+    known = ctx.given[1] if len(ctx.given) > 1 else None
+    size = ctx.ops.shape(x)[axis]
+    if isinstance(known, np.ndarray) and known.dtype.kind in "iu" and isinstance(size, (int, np.integer)):
+        known = np.where(known < 0, known + size, known).astype(np.int64)
+        return ctx.ops.take(x, int(known) if known.ndim == 0 else ctx.array(known), axis=axis)
+    return ctx.ops.take(x, indices, axis=axis)
 
 
 @handler("GatherElements", since=11)
