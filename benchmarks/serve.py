@@ -11,14 +11,16 @@ from N coroutines, each looping for ``--duration`` seconds, at concurrency 1 and
 baseline is ``onnxruntime.InferenceSession.run`` at batch 1 in a loop, in the same run and
 with the same ORT threads; it also runs at batch 32, and the ratio of rows/s at batch 32 to
 rows/s at batch 1 is the most batching can save in compute (the rest it saves is per-request
-dispatch). Prints requests/s, p50 and p99 latency and errors per cell, then
-the batching speed-up at the highest concurrency (batched / plain requests/s), the server
+dispatch). Prints requests/s, p50 and p99 latency and errors per cell (``--rounds`` times, batched
+and plain interleaved), then the batching speed-up at the highest concurrency (median of the
+rounds' batched / plain requests/s, with min-max), the server
 overhead at concurrency 1 (server p50 - raw p50) and the total errors. ``--soak SECONDS``
 also runs ``cnn_batched`` at the highest concurrency that long, half the coroutines on HTTP
 and half on gRPC, and reports the server process's resident memory over the second half. Run:
 
     .venv/bin/python benchmarks/serve.py [--models mlp cnn] [--duration 8] [--concurrency 1 32]
                                          [--transports http-json http-binary grpc] [--threads 1] [--soak 60]
+                                         [--rounds 3]
 """
 
 from __future__ import annotations
@@ -236,23 +238,24 @@ async def drive(
                         )
             for name in names:
                 for concurrency in args.concurrency:
-                    for kind in CONFIGS:
-                        model = f"{name}_{kind}"
-                        cell = await load(
-                            [clients.call(transport, model, inputs[name], outputs[name])],
-                            outputs[name],
-                            concurrency,
-                            args.duration,
-                            args.warmup,
-                        )
-                        cells[name, kind, transport, concurrency] = cell
-                        print(
-                            f"{model:<13} {transport:<12} {concurrency:>5} {cell['rps']:>9.0f} {cell['p50']:>8.2f} "
-                            f"{cell['p99']:>8.2f} {cell['errors']:>7}",
-                            flush=True,
-                        )
-                        if cell["errors"]:
-                            print(f"  first error: {cell['first_error']}", flush=True)
+                    for _ in range(args.rounds):  # batched, plain, batched, plain ...: the same load on both
+                        for kind in CONFIGS:
+                            model = f"{name}_{kind}"
+                            cell = await load(
+                                [clients.call(transport, model, inputs[name], outputs[name])],
+                                outputs[name],
+                                concurrency,
+                                args.duration,
+                                args.warmup,
+                            )
+                            cells.setdefault((name, kind, transport, concurrency), []).append(cell)
+                            print(
+                                f"{model:<13} {transport:<12} {concurrency:>5} {cell['rps']:>9.0f} "
+                                f"{cell['p50']:>8.2f} {cell['p99']:>8.2f} {cell['errors']:>7}",
+                                flush=True,
+                            )
+                            if cell["errors"]:
+                                print(f"  first error: {cell['first_error']}", flush=True)
         if args.soak > 0:
             await soak(clients, pid, inputs["cnn"], outputs["cnn"], max(args.concurrency), args.soak)
         return cells
@@ -267,6 +270,7 @@ def main() -> None:
     parser.add_argument("--warmup", type=float, default=1.0, help="unmeasured seconds before each cell")
     parser.add_argument("--concurrency", nargs="+", type=int, default=[1, 32])
     parser.add_argument("--transports", nargs="+", default=list(TRANSPORTS), choices=TRANSPORTS)
+    parser.add_argument("--rounds", type=int, default=1, help="batched/plain pairs per cell, interleaved")
     parser.add_argument("--threads", type=int, default=1, help="ORT intra-op threads, server and raw alike")
     parser.add_argument("--soak", type=float, default=0.0, help="seconds of cnn_batched under load; 0 skips")
     args = parser.parse_args()
@@ -318,9 +322,11 @@ def main() -> None:
     for name in args.models:
         for transport in args.transports:
             batched, plain = cells[name, "batched", transport, high], cells[name, "plain", transport, high]
+            ratios = [b["rps"] / p["rps"] for b, p in zip(batched, plain)]
+            spread = f", {min(ratios):.2f}x-{max(ratios):.2f}x over {len(ratios)} rounds" if len(ratios) > 1 else ""
             print(
-                f"  {name:<5} {transport:<12} {batched['rps'] / plain['rps']:.2f}x  "
-                f"({batched['rps']:.0f} / {plain['rps']:.0f})"
+                f"  {name:<5} {transport:<12} {statistics.median(ratios):.2f}x  "
+                f"({median(batched, 'rps'):.0f} / {median(plain, 'rps'):.0f}{spread})"
             )
     print("compute saved by batching in ORT itself (rows/s at batch 32 / rows/s at batch 1):")
     for name in args.models:
@@ -331,14 +337,20 @@ def main() -> None:
         for transport in args.transports:
             plain, batched = cells[name, "plain", transport, low], cells[name, "batched", transport, low]
             print(
-                f"  {name:<5} {transport:<12} plain {plain['p50'] - raw_p50:+.2f} ms  "
-                f"(batched {batched['p50'] - raw_p50:+.2f} ms, which includes the queue delay)"
+                f"  {name:<5} {transport:<12} plain {median(plain, 'p50') - raw_p50:+.2f} ms  "
+                f"(batched {median(batched, 'p50') - raw_p50:+.2f} ms: the queue delay too, unless the "
+                f"batcher stepped aside)"
             )
-    total = sum(cell["errors"] for cell in cells.values())
+    total = sum(cell["errors"] for runs in cells.values() for cell in runs)
     print(
         f"total errors: {total} (target 0); median req/s over cells: "
-        f"{statistics.median(c['rps'] for c in cells.values()):.0f}"
+        f"{statistics.median(median(runs, 'rps') for runs in cells.values()):.0f}"
     )
+
+
+def median(runs: list[dict], key: str) -> float:
+    """The median of ``key`` over the rounds of one cell."""
+    return statistics.median(run[key] for run in runs)
 
 
 if __name__ == "__main__":

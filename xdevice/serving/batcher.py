@@ -9,6 +9,16 @@ rows ``[start, start + n)`` of every output, where ``start`` is its offset in th
 The queue policy (Triton's ``default_queue_policy``): a request that has waited longer than
 its timeout is rejected (503) when a batch is gathered, or runs anyway when late requests are
 not rejected (``DELAY``); with ``max_queue_size`` requests waiting, a new one is refused (503).
+
+Batching only where it pays: merging saves compute where a model's run costs more than the
+work of concatenating and splitting, and on some models and machines it does not. So the
+batcher measures both ways in turn: the time per request of the runs it forms when it
+batches (concatenate, run and split, over the sizes it actually forms, one-request batches
+included), and of requests run alone as they arrive. When batching does not cut the cost per
+request by at least ``MIN_SAVING`` (:func:`batching_pays`), the batcher steps aside: requests
+run straight away, with no queue delay. Every ``HOLD`` requests it measures the other way
+again for ``PROBE`` runs, so a change of load or model is noticed; each change of course
+is logged once at INFO with the numbers that decided it.
 """
 
 from __future__ import annotations
@@ -16,8 +26,10 @@ from __future__ import annotations
 import asyncio
 import collections
 import dataclasses
+import logging
+import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from types import EllipsisType
 from typing import Any
 
@@ -27,9 +39,43 @@ from xdevice._errors import InferenceError, message
 from xdevice.serving.metrics import Stats
 from xdevice.serving.protocol import BadRequest
 
-__all__ = ["Batcher"]
+__all__ = ["Batcher", "batching_pays", "cost_per_request"]
 
 Arrays = dict[str, np.ndarray]
+logger = logging.getLogger("xdevice.serving")
+
+MIN_SAVING = 0.1  # batching must cut the cost per request by 10% to be worth its queue delay
+PROBE = 32  # runs measured the other way before deciding again (the newest PROBE count)
+HOLD = 2000  # requests served the chosen way before the other is measured again
+
+
+def cost_per_request(runs: Iterable[tuple[float, int]]) -> float:
+    """The median seconds per request of ``runs``, each ``(seconds, requests)``, every request
+    of a run counted once (a merged run of 8 weighs as much as 8 runs of one).
+
+    >>> cost_per_request([(0.004, 8), (0.001, 1)])  # 0.5 ms for each of 8 requests, 1 ms for one
+    0.0005
+    """
+    weighted = [seconds / requests for seconds, requests in runs for _ in range(requests)]
+    return statistics.median(weighted) if weighted else float("nan")
+
+
+def batching_pays(single: float, merged: float, batching: bool = True, min_saving: float = MIN_SAVING) -> bool:
+    """Whether merging is worth it: runs as merged cost at most ``1 - min_saving`` of runs of
+    one request alone, per request (seconds; NaN, not measured yet, counts as paying, so the
+    configuration is followed until measured). Once stepped aside (``batching`` False), coming
+    back takes twice the saving, so costs within noise of each other do not flip it back and forth.
+
+    >>> batching_pays(single=0.0010, merged=0.0004)  # 2.5x cheaper merged: batch
+    True
+    >>> batching_pays(single=0.0010, merged=0.00095)  # 5% cheaper: not worth the queue delay
+    False
+    >>> batching_pays(single=0.0010, merged=0.00085, batching=False)  # 15%: not enough to come back
+    False
+    """
+    if single != single or merged != merged:  # NaN: one way is not measured yet
+        return True
+    return merged <= (1 - (min_saving if batching else 2 * min_saving)) * single
 
 
 @dataclasses.dataclass(eq=False)  # compared by identity: the queue removes exactly this one
@@ -46,7 +92,13 @@ class Batcher:
     """Queue requests for ``run`` (a blocking function of a dict of arrays) and batch them.
 
     ``instances`` workers take batches from one queue, so one batch can be gathered
-    while another runs; ``run`` executes in ``executor``, off the event loop.
+    while another runs; ``run`` executes in ``executor``, off the event loop. With
+    ``measure`` (the default) the batcher steps aside while batching does not pay (see the
+    module's docstring); ``name`` names the model in that log line. ``clock`` times the runs
+    it compares: the thread's CPU time (the default) where ``run`` computes in the calling
+    thread alone (ONNX Runtime on the CPU at one intra-op thread), so waiting for a core or
+    the GIL is not counted; wall time (``time.perf_counter``) where other threads or a device
+    do the work.
     """
 
     def __init__(
@@ -62,6 +114,9 @@ class Batcher:
         timeout: float = 0.0,
         reject_late: bool = True,
         max_queue_size: int = 0,
+        measure: bool = True,
+        name: str = "",
+        clock: Callable[[], float] = time.thread_time,
     ):
         self.run, self.max_batch_size, self.delay = run, max_batch_size, max_queue_delay
         self.preferred = set(preferred)
@@ -72,6 +127,15 @@ class Batcher:
         self.wakeup: asyncio.Event
         self.gathering: asyncio.Lock
         self.workers: list[asyncio.Task] = []
+        self.measure, self.name, self.clock = measure, name, clock
+        # how requests go now, "merged" (queued, batched) or "single" (run as they arrive):
+        # PROBE runs as configured, PROBE runs alone, a decision, HOLD requests that way,
+        # PROBE runs the other way, a decision ... (see _measured)
+        self.way, self.left, self.deciding, self.holding = "merged", PROBE, False, False
+        self.batching = True  # the last decision
+        self.runs: dict[str, collections.deque[tuple[float, int]]] = {
+            way: collections.deque(maxlen=PROBE) for way in ("merged", "single")
+        }
 
     async def submit(self, inputs: Arrays, timeout: float | EllipsisType | None = ...) -> Arrays:
         """The outputs for one request's ``inputs``, computed in a shared batch; ``timeout``:
@@ -80,6 +144,8 @@ class Batcher:
         if not self.workers:
             self.wakeup, self.gathering = asyncio.Event(), asyncio.Lock()
             self.workers = [loop.create_task(self._work()) for _ in range(self.instances)]
+        if self.measure and self.way == "single":
+            return await self._alone(inputs)
         if self.max_queue_size and len(self.queue) >= self.max_queue_size:
             raise BadRequest(
                 message(
@@ -99,6 +165,57 @@ class Batcher:
         self.stats.waiting(+1)
         self.wakeup.set()
         return await pending.done
+
+    async def _alone(self, inputs: Arrays) -> Arrays:
+        """Run one request's ``inputs`` as it arrives, with no queue delay (stepped aside)."""
+        arrived = time.perf_counter()
+        outputs, started, seconds = await asyncio.get_running_loop().run_in_executor(self.executor, self._timed, inputs)
+        self.stats.queued(started - arrived)
+        self.stats.executed(next(iter(inputs.values())).shape[0], time.perf_counter() - started)
+        self._measured("single", seconds, 1)
+        return outputs
+
+    def _timed(self, inputs: Arrays) -> tuple[Arrays, float, float]:
+        """``run(inputs)`` in an instance's thread: (outputs, when it started, its cost by
+        ``clock``)."""
+        started, cpu = time.perf_counter(), self.clock()
+        outputs = self.run(inputs)
+        return outputs, started, self.clock() - cpu
+
+    def _measured(self, way: str, seconds: float, requests: int) -> None:
+        """Count a run made ``way`` (``seconds`` for ``requests`` requests); once the current
+        way has served its share (``PROBE`` runs measuring, ``HOLD`` requests once decided),
+        switch: a probe of the other way ends in a decision."""
+        if not self.measure:
+            return
+        self.runs[way].append((seconds, requests))
+        if way != self.way:
+            return
+        self.left -= requests if self.holding else 1  # HOLD counts requests, PROBE runs
+        if self.left > 0:
+            return
+        if not self.deciding:  # measure the other way for a while
+            self.way = "single" if self.way == "merged" else "merged"
+            self.left, self.deciding, self.holding = PROBE, True, False
+            return
+        single, merged = cost_per_request(self.runs["single"]), cost_per_request(self.runs["merged"])
+        pays = batching_pays(single, merged, self.batching)
+        logger.debug("%s: %.3f ms per request merged, %.3f ms alone", self.name or "model", merged * 1e3, single * 1e3)
+        if pays != self.batching:
+            sizes = [requests for _, requests in self.runs["merged"]]
+            logger.info(
+                "%s: dynamic batching %s: %.3f ms per request in merged runs (mean %.1f requests a run) "
+                "against %.3f ms run alone%s; measured again every %d requests",
+                self.name or "model",
+                "pays, batching again" if pays else "does not pay here, stepping aside",
+                merged * 1e3,
+                sum(sizes) / len(sizes),
+                single * 1e3,
+                "" if pays else f" (to resume, {2 * MIN_SAVING:.0%} less); requests now run as they arrive",
+                HOLD,
+            )
+        self.batching = pays
+        self.way, self.left, self.deciding, self.holding = ("merged" if pays else "single"), HOLD, False, True
 
     async def close(self) -> None:
         """Stop: batches already running finish for their callers; requests still queued fail."""
@@ -127,7 +244,7 @@ class Batcher:
                 batch = await self._gather()
             if not batch:
                 continue
-            start = time.perf_counter()
+            start, cpu = time.perf_counter(), self.clock()
             for item in batch:
                 self.stats.waiting(-1)
                 self.stats.queued(start - item.arrived)
@@ -138,14 +255,17 @@ class Batcher:
                     else batch[0].inputs[name]
                     for name in batch[0].inputs
                 }
-                running = loop.run_in_executor(self.executor, self.run, merged)
+                merging = self.clock() - cpu
+                running = loop.run_in_executor(self.executor, self._timed, merged)
                 try:
-                    outputs = await asyncio.shield(running)
+                    outputs, _, seconds = await asyncio.shield(running)
                 except asyncio.CancelledError:  # closing: this batch still reaches its callers
-                    _split(batch, await running)
+                    _split(batch, (await running)[0])
                     raise
                 self.stats.executed(sum(item.rows for item in batch), time.perf_counter() - start, len(batch))
+                cpu = self.clock()
                 _split(batch, outputs)
+                self._measured("merged", merging + seconds + self.clock() - cpu, len(batch))
             except Exception as error:  # noqa: BLE001 - every caller of the batch hears of it
                 for item in batch:
                     if not item.done.done():

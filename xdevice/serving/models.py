@@ -176,6 +176,7 @@ class Models:
             initializer=sessions.bind if sessions else None,
         )
         batcher = None
+        one_thread = self.session_options.get("threads") == 1 and not (config.device or "").startswith("gpu")
         if config.dynamic_batching:
             batcher = Batcher(
                 (sessions or session).run,  # as Loaded.run
@@ -188,6 +189,10 @@ class Models:
                 timeout=config.queue_timeout_us / 1e6,
                 reject_late=config.timeout_action == "REJECT",
                 max_queue_size=config.max_queue_size,
+                name=f"{name} version {version}",
+                # CPU time where the run computes in the calling thread alone (one ORT thread on
+                # the CPU), else wall time: other threads' or a GPU's work is not the caller's
+                clock=time.thread_time if one_thread else time.perf_counter,
             )
         return Loaded(name, version, session, config, stats, batcher, instances, vocabulary, sessions)
 
