@@ -66,8 +66,9 @@ def simplify(program: torch.fx.GraphModule) -> int:
     small model's time: constants are read as they are (not copied by ``lift_fresh_copy`` on
     every call), a transpose of a transpose, a view / expand / reshape / same-dtype copy to the
     shape and dtype its input already has, and a view of a view of a contiguous tensor are
-    skipped, and unused results (a layer norm's saved statistics) are not computed. A value
-    that is written in place, or returned, keeps its own copy.
+    skipped, unused results (a layer norm's saved statistics) are not computed, and a matrix
+    product plus a bias (an ONNX ``Gemm``'s, or ``MatMul`` then ``Add``) is one ``addmm``, as
+    ``nn.Linear`` runs. A value that is written in place, or returned, keeps its own copy.
     """
     aten = torch.ops.aten
     reshapes = (aten.view.default, aten._unsafe_view.default, aten.reshape.default, aten.expand.default)
@@ -90,11 +91,28 @@ def simplify(program: torch.fx.GraphModule) -> int:
             replacement = source
         elif target in reshapes[:3] and source.target in reshapes[:3] and _contiguous(source.args[0]):
             node.args = (source.args[0], *node.args[1:])  # one view from the contiguous base
+        elif target is aten.add.Tensor and not node.kwargs and _bias_of(node) is not None:
+            with program.graph.inserting_before(node):  # a dense layer: one kernel, as nn.Linear runs
+                replacement = program.graph.call_function(aten.addmm.default, (_bias_of(node), *source.args))
+            replacement.meta["val"] = value
         if isinstance(replacement, torch.fx.Node):
             node.replace_all_uses_with(replacement)
     program.graph.eliminate_dead_code()
     program.recompile()
     return before - len(program.graph.nodes)
+
+
+def _bias_of(node: torch.fx.Node) -> torch.fx.Node | None:
+    """The bias of ``add(mm(a, b), bias)`` (``node`` the add) when the two make one ``addmm``:
+    the product read only by the add, the bias a vector of its columns in its dtype."""
+    product, bias = node.args if len(node.args) == 2 else (None, None)
+    if not isinstance(product, torch.fx.Node) or product.target is not torch.ops.aten.mm.default:
+        return None
+    if len(product.users) != 1 or not isinstance(bias, torch.fx.Node):
+        return None
+    made, added = product.meta.get("val"), bias.meta.get("val")
+    fits = isinstance(made, torch.Tensor) and isinstance(added, torch.Tensor)
+    return bias if fits and added.shape == made.shape[-1:] and added.dtype == made.dtype else None
 
 
 def _written(node: torch.fx.Node) -> bool:

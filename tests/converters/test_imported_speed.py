@@ -54,6 +54,7 @@ def test_the_captured_torch_graph_holds_no_step_that_computes_nothing():
     code = program.code
     assert "lift_fresh_copy" not in code  # the constant is read, not copied on every call
     assert "expand" not in code and "view" not in code  # shape ops to the shape it already has
+    assert "aten.addmm." in code and "aten.mm." not in code and "aten.add." not in code  # the Gemm: one kernel
     assert simplify(program) == 0  # nothing left to drop
     np.testing.assert_allclose(program(imported.params, x)[0].numpy(), _expected(x.numpy()), rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(imported(x).detach().numpy(), _expected(x.numpy()), rtol=1e-5, atol=1e-6)
