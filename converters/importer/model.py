@@ -91,8 +91,8 @@ class ImportedModel:
         # one, and TensorFlow runs ops on CPU tensors there too, so on them every call computes
         # inside the device's scope, cpu:0 included. PyTorch keeps new tensors on the CPU, and
         # its device context intercepts every torch call: there it is entered only off cpu:0.
-        # (where the framework sees no GPU, its default is the CPU: a call needs no scope)
-        self._follows_gpu = self.backend.defaults_to_gpu and any(d.kind != "cpu" for d in self.backend.list_devices())
+        # (where the framework sees one device, cpu:0, there is no other place: no scope needed)
+        self._follows_gpu = self.backend.defaults_to_gpu and len(self.backend.list_devices()) > 1
         self._scope = (
             (lambda: self.backend.default_device(self.device))
             if self.backend.defaults_to_gpu or self.device != Device("cpu", 0)
