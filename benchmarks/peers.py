@@ -399,7 +399,10 @@ def report(results: dict, raw: dict, problems: dict, args, low: int, high: int) 
                     continue
                 rps = _median(results.get((peer, name, transport, high), [{"problem": "-"}]), "rps")[0]
                 p50 = _median(results.get((peer, name, transport, low), [{"problem": "-"}]), "p50")[0]
-                parts.append(f"{peer} {mine_rps / rps:.2f}x req/s, {p50 / mine_p50:.2f}x p50")
+                if rps != rps or p50 != p50:  # NaN: the peer could not serve this transport
+                    parts.append(f"{peer} n/a")
+                else:
+                    parts.append(f"{peer} {mine_rps / rps:.2f}x req/s, {p50 / mine_p50:.2f}x p50")
             print(f"  {transport:<7} " + "; ".join(parts))
 
 
