@@ -10,7 +10,6 @@ import pytest
 
 import xdevice
 from xdevice import ConfigurationError, Trainer, estimate_memory, models
-from xdevice.testing.pytest_plugin import selected_backends
 
 SPEC = {"hidden": [16], "inputs": 6, "classes": 2, "seed": 0}
 STEPS = 20
@@ -20,17 +19,6 @@ def data(rows: int = STEPS * 8):
     rng = np.random.default_rng(0)
     x = rng.normal(size=(rows, 6)).astype("float32")
     return x, (x[:, 0] > 0).astype("int64")
-
-
-@pytest.fixture
-def jax_devices(pytestconfig):
-    """The virtual CPU devices of JAX (the ini's ``xdevice_cpu_devices``, configured by the plugin)."""
-    if "jax" not in selected_backends(pytestconfig):
-        pytest.skip("JAX is not among the backends under test")
-    found = [str(d) for d in xdevice.devices(backend="jax") if d.kind == "cpu"]
-    if len(found) < 4:
-        pytest.skip(f"4 virtual CPU devices wanted for JAX, {len(found)} configured (xdevice_cpu_devices)")
-    return found
 
 
 def train(devices, strategy="replicate"):

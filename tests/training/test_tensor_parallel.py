@@ -11,23 +11,11 @@ import pytest
 
 import xdevice
 from xdevice import ConfigurationError, Trainer, estimate_memory, models
-from xdevice.testing.pytest_plugin import selected_backends
 
 STEPS, ROWS, TOKENS = 20, 4, 8
 #: the zoo's small sizes with one block; bert trains its last hidden state towards random targets (mse)
 SIZES = {"bert": {"pooler": False, "layers": 1}, "gpt2": {"blocks": 1}, "llama": {"blocks": 1}}
 QUERY = {"bert": "layer0.attn.qkv.weight", "gpt2": "block0.attn.qkv.weight", "llama": "block0.attn.q.weight"}
-
-
-@pytest.fixture
-def jax_devices(pytestconfig):
-    """The virtual CPU devices of JAX (the ini's ``xdevice_cpu_devices``, configured by the plugin)."""
-    if "jax" not in selected_backends(pytestconfig):
-        pytest.skip("JAX is not among the backends under test")
-    found = [str(d) for d in xdevice.devices(backend="jax") if d.kind == "cpu"]
-    if len(found) < 4:
-        pytest.skip(f"4 virtual CPU devices wanted for JAX, {len(found)} configured (xdevice_cpu_devices)")
-    return found
 
 
 def build(name: str, backend: str = "jax"):
