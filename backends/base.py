@@ -75,6 +75,9 @@ class Backend(abc.ABC):
             started (``process_replicas``).
         supports_tensor_parallel: splits the zoo transformers' layers over a mesh's ``model``
             axis (``Replicas.tensor_parallel``; ``fit(..., mesh={"data": 2, "model": 2})``).
+        fsdp_first_axis: ``strategy="fsdp"`` splits every parameter along its first axis
+            into ``torch.chunk`` pieces (FSDP2), not along its largest axis the count divides
+            (:func:`xdevice.backends.training.shard_bytes`).
         has_default_device: the framework has a default device that ``xdevice.on`` sets.
         defaults_to_gpu: the framework puts new arrays on GPU 0 when there is one (JAX,
             TensorFlow): core code meant for any device, cpu:0 included, enters
@@ -98,6 +101,7 @@ class Backend(abc.ABC):
     supports_replication: ClassVar[bool] = False
     supports_processes: ClassVar[bool] = False
     supports_tensor_parallel: ClassVar[bool] = False
+    fsdp_first_axis: ClassVar[bool] = False
     has_default_device: ClassVar[bool] = True
     defaults_to_gpu: ClassVar[bool] = False
     dlpack_alignment: ClassVar[int] = 1

@@ -54,6 +54,7 @@ __all__ = [
     "Replicas",
     "donating",
     "shard_axis",
+    "shard_bytes",
     "tensor_parallel_axis",
 ]
 
@@ -74,6 +75,24 @@ def shard_axis(shape: tuple[int, ...], count: int) -> int | None:
     """
     axes = [i for i, size in enumerate(shape) if size % count == 0 and size >= count]
     return max(axes, key=lambda i: (shape[i], -i)) if count > 1 and axes else None
+
+
+def shard_bytes(shape: tuple[int, ...], nbytes: int, count: int, first_axis: bool = False) -> int:
+    """The bytes of the largest shard (rank 0's) of an array of ``shape`` and ``nbytes`` split
+    ``count`` ways under ``strategy="fsdp"``: along :func:`shard_axis` (JAX; whole where no
+    axis divides), or, ``first_axis`` (a backend's ``fsdp_first_axis``: FSDP2), in
+    ``torch.chunk`` pieces of the first axis, ``ceil(rows / count)`` rows each.
+
+    >>> shard_bytes((6, 16), 384, 4), shard_bytes((6, 16), 384, 4, first_axis=True)
+    (96, 128)
+    >>> shard_bytes((3,), 12, 2), shard_bytes((3,), 12, 2, first_axis=True)
+    (12, 8)
+    """
+    if count <= 1 or not shape:
+        return nbytes
+    if first_axis:
+        return nbytes // max(shape[0], 1) * -(-shape[0] // count)
+    return nbytes if shard_axis(shape, count) is None else nbytes // count
 
 
 #: the axes a device mesh may name: the batch is split over ``data``, the layers over ``model``

@@ -22,4 +22,5 @@ class TorchBackend(Devices, Memory, Numerics, Placement, Autodiff, Native, Expor
     saved_format = ".pt2"
     supports_memory_limit = True
     supports_processes = True
+    fsdp_first_axis = True  # FSDP2's fully_shard: torch.chunk along dim 0
     ops = TorchOps()

@@ -166,7 +166,7 @@ def estimate_memory(
         DeviceNotFound: ``backend`` has no such device (on a machine without a GPU: use the CPU).
     """
     from xdevice import models
-    from xdevice.backends.training import PRECISIONS, STRATEGIES, shard_axis, tensor_parallel_axis
+    from xdevice.backends.training import PRECISIONS, STRATEGIES, shard_bytes, tensor_parallel_axis
     from xdevice.training.optimizers import optimizer as make_optimizer
     from xdevice.training.replication import mesh_shape
 
@@ -201,13 +201,12 @@ def estimate_memory(
     where = _device(device, backend)
 
     split = devices if strategy == "fsdp" else 1
+    first_axis = split > 1 and _registry.backend(backend).fsdp_first_axis
 
     def per_device(name: str, value: Any) -> int:  # this device's shard of the array (the largest, rank 0's)
         if tensor_parallel_axis(name, value.shape, layers) is not None:
             return value.nbytes // layers
-        if split > 1 and backend == "torch" and value.ndim:  # FSDP2: torch.chunk along the first axis
-            return value.nbytes // max(value.shape[0], 1) * -(-value.shape[0] // split)
-        return value.nbytes if shard_axis(value.shape, split) is None else value.nbytes // split
+        return shard_bytes(value.shape, value.nbytes, split, first_axis)
 
     sizes = {k: per_device(k, v) for k, v in reference.numpy_params().items()}
     weights = sum(sizes.values())
