@@ -20,7 +20,7 @@ alone (an exporter's reordering of an LSTM's gates, a transposed weight) are fou
 :func:`weight_only`: an ``ImportedModel`` call runs them once and hands their results to the
 captured program instead of the weights (``run_graph(..., skip=...)``). A handler's own work
 on its weight inputs alone (an LSTM's gates put in the op set's order) is registered with
-:func:`prepares`: it too runs once per state of the weights, and the handler finds its
+:func:`registry.prepares`: it too runs once per state of the weights, and the handler finds its
 results in ``ctx.prepared`` (``run_graph(..., prepared=...)``).
 """
 
@@ -29,7 +29,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import functools
-from collections.abc import Callable, Collection, Container, Iterable, Mapping, Sequence
+from collections.abc import Collection, Container, Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -47,7 +47,6 @@ __all__ = [
     "run_nodes",
     "unsupported",
     "weight_only",
-    "prepares",
     "prepared_nodes",
     "prepare_weights",
     "numpy_of",
@@ -85,8 +84,6 @@ ONNX_DTYPES = {
 _RANDOM = ("RandomNormal", "RandomNormalLike", "RandomUniform", "RandomUniformLike", "Bernoulli", "Multinomial")
 #: ops whose static output depends on their input's shape alone, not its values
 _SHAPE_ONLY = ("Shape", "Size")
-#: default-domain op -> (positions of its weight inputs, their preparation), see ``prepares``
-_PREPARATIONS: dict[str, tuple[tuple[int, ...], Callable]] = {}
 
 
 def onnx_dtype(code: int) -> str:
@@ -259,7 +256,7 @@ class Context:
         # the node's inputs as the graph holds them (static numpy where known when the graph
         # is built), before they were converted to the backend's arrays
         self.given: list[Any] = []
-        # what the node's weight preparation (see ``prepares``) made, when it ran before the call
+        # what the node's weight preparation (see ``registry.prepares``) made, when it ran before the call
         self.prepared: tuple | None = None
 
     def static(self, value: Any) -> np.ndarray | None:
@@ -390,31 +387,15 @@ def _weight_values(graph: Graph, weights: Collection[str]) -> tuple[list[int], s
     return found, derived, fixed
 
 
-def prepares(op: str, inputs: tuple[int, ...]) -> Callable:
-    """Register ``fn(ctx, node, *weight_inputs) -> tuple of arrays | None`` as the part of the
-    default-domain ``op``'s handler that computes on its inputs at positions ``inputs`` alone.
-    Where those inputs are weights and constants, an ``ImportedModel`` runs ``fn`` once per
-    state of the weights and the handler finds its results in ``ctx.prepared`` (None where it
-    did not run); ``fn`` returns None for a node it has nothing to prepare for. Results must
-    be what the handler would compute itself, so that a call gives the same values either way.
-    """
-
-    def register(fn: Callable) -> Callable:
-        _PREPARATIONS[op] = (inputs, fn)
-        return fn
-
-    return register
-
-
 def prepared_nodes(graph: Graph, weights: Collection[str]) -> list[int]:
     """Positions of the nodes of ``graph`` (not its subgraphs) whose handler has a weight
-    preparation (:func:`prepares`) and whose inputs it reads are ``weights`` and constants
+    preparation (:func:`registry.prepares`) and whose inputs it reads are ``weights`` and constants
     alone (directly or through :func:`weight_only` nodes), at least one of them a weight.
     Preparations register when the handler modules load: call it after :meth:`Graph.bind`."""
     _, derived, fixed = _weight_values(graph, weights)
     found = []
     for index, node in enumerate(graph.nodes):
-        entry = _PREPARATIONS.get(node.op) if node.domain_key == "" else None
+        entry = registry.PREPARATIONS.get(node.op) if node.domain_key == "" else None
         if entry is None:
             continue
         names = [node.inputs[i] for i in entry[0] if i < len(node.inputs) and node.inputs[i]]
@@ -431,7 +412,7 @@ def prepare_weights(graph: Graph, ctx: Context, values: dict[str, Any], position
     found = {}
     for index in positions:
         node = graph.nodes[index]
-        inputs, fn = _PREPARATIONS[node.op]
+        inputs, fn = registry.PREPARATIONS[node.op]
         args = [ctx.array(values[node.inputs[i]]) if i < len(node.inputs) and node.inputs[i] else None for i in inputs]
         previous, ctx.node = ctx.node, node
         try:
@@ -468,7 +449,7 @@ def run_graph(
     outputs; with a ``plan``, take (or record) the outputs fixed by the input signature. The
     nodes at the positions in ``skip`` do not run: ``values`` holds their outputs. The node at
     a position in ``prepared`` finds the values of the names there in ``ctx.prepared`` (what
-    its weight preparation made, see :func:`prepares`)."""
+    its weight preparation made, see :func:`registry.prepares`)."""
     values = {**graph.initializers, **values, "": None}
     folded = plan.folded if plan is not None and not plan.recording else {}
     for index, node in enumerate(graph.nodes):

@@ -14,7 +14,7 @@ that version. ``static`` lists input positions that must be known when the graph
 built (shapes, axes, pads...): they arrive as numpy arrays.
 
 A handler whose op does work on its weight inputs alone (an LSTM's gate reordering) registers
-that part with ``interpreter.prepares(op, inputs)``: an imported model runs it once per state
+that part with ``prepares(op, inputs)``: an imported model runs it once per state
 of the weights and the handler finds the result in ``ctx.prepared`` (None when it must do the
 work itself); ``ctx.given`` holds the node's inputs before they became the backend's arrays.
 """
@@ -25,7 +25,10 @@ import dataclasses
 import importlib
 from collections.abc import Callable
 
-__all__ = ["Handler", "handler", "resolve", "HANDLER_MODULES"]
+__all__ = ["Handler", "handler", "prepares", "resolve", "HANDLER_MODULES", "PREPARATIONS"]
+
+#: default-domain op -> (positions of its weight inputs, their preparation), see :func:`prepares`
+PREPARATIONS: dict[str, tuple[tuple[int, ...], Callable]] = {}
 
 #: The modules that hold handlers, imported together on first use.
 HANDLER_MODULES = (
@@ -95,3 +98,19 @@ def _load() -> None:
         _loaded = True
         for name in HANDLER_MODULES:
             importlib.import_module(f"xdevice.converters.importer.handlers.{name}")
+
+
+def prepares(op: str, inputs: tuple[int, ...]) -> Callable:
+    """Register ``fn(ctx, node, *weight_inputs) -> tuple of arrays | None`` as the part of the
+    default-domain ``op``'s handler that computes on its inputs at positions ``inputs`` alone.
+    Where those inputs are weights and constants, an ``ImportedModel`` runs ``fn`` once per
+    state of the weights and the handler finds its results in ``ctx.prepared`` (None where it
+    did not run); ``fn`` returns None for a node it has nothing to prepare for. Results must
+    be what the handler would compute itself, so that a call gives the same values either way.
+    """
+
+    def register(fn: Callable) -> Callable:
+        PREPARATIONS[op] = (inputs, fn)
+        return fn
+
+    return register

@@ -13,8 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from xdevice.converters.importer.handlers._nn import _rank, _unsupported
-from xdevice.converters.importer.interpreter import prepares
-from xdevice.converters.importer.registry import handler
+from xdevice.converters.importer.registry import handler, prepares
 
 # -- recurrent layers -------------------------------------------------------------------------
 
