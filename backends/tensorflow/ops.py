@@ -14,12 +14,14 @@ from __future__ import annotations
 
 import functools
 import math
+import weakref
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 import tensorflow as tf
 from tensorflow.python.eager import record  # no public way to ask whether a tape records
+from tensorflow.python.framework.ops import EagerTensor  # no public name for an immutable tensor
 
 from xdevice._errors import UnsupportedOp, message
 from xdevice.backends._dtypes import ml_dtype
@@ -502,6 +504,35 @@ def _rebuild(x: Array, perm: tuple[int, ...], memo: dict) -> Array | None:
     return _ELEMENTWISE[op.type](*inputs) if sunk else None
 
 
+# conv kernels laid out for TensorFlow, kept per immutable weight: id -> (the weight, its kernel)
+_KERNELS: dict[tuple[int, tuple[int, ...]], tuple[weakref.ref, Array]] = {}
+
+
+def _kernel(w: Array, perm: tuple[int, ...]) -> Array:
+    """``transpose(w, perm)``: a conv weight (OIHW, the op set's layout) as TensorFlow's kernel
+    (HWIO). An eager tensor never changes (a model's weights outside training are held so), so
+    its kernel is made once and kept while it lives: a forward pass then relays no weights
+    (ResNet-50: 53 transposes a call, a tenth of its op time on CPU, otherwise). Training's
+    variables change every step and are transposed in the step. The kept kernel is returned
+    with the transpose's gradient, so a tape or ``tf.gradients`` still reaches ``w``."""
+    if not isinstance(w, EagerTensor):
+        return tf.transpose(w, perm)
+    key = (id(w), perm)
+    held = _KERNELS.get(key)
+    if held is None or held[0]() is not w:
+        with tf.init_scope():
+            kernel = tf.transpose(w, perm)
+        forget = lambda _, key=key: _KERNELS.pop(key, None)
+        held = _KERNELS[key] = (weakref.ref(w, forget), kernel)
+    back = tuple(int(i) for i in np.argsort(perm))
+
+    @tf.custom_gradient
+    def relaid(w):
+        return tf.identity(held[1]), lambda g: tf.transpose(g, back)
+
+    return relaid(w)
+
+
 def _windowed(x: Array, pads, window, stride, dilation, op, *, explicit=False, same=True, fill=0.0) -> Array:
     """Run ``op(x, strides, padding)`` on channels-last ``x`` with numpy's explicit ``pads``.
 
@@ -973,7 +1004,7 @@ class TensorflowOps(Ops):
         stride, dilation, kernel = as_tuple(stride, dims), as_tuple(dilation, dims), tuple(w.shape[2:])
         pads = conv_padding(padding, self.shape(x)[2:], kernel, stride, dilation)
         x = _channels_last(x)
-        w = tf.transpose(w, (*range(2, dims + 2), 1, 0))  # OI* -> *IO
+        w = _kernel(w, (*range(2, dims + 2), 1, 0))  # OI* -> *IO
         channels, layout = x.shape[-1], ("NWC", "NHWC", "NDHWC")[dims - 1]
         # undilated 2-D conv takes explicit pads; dilated convs go through tf.nn.convolution's
         # space-to-batch, as CPU kernels without oneDNN have no dilated gradients
