@@ -22,10 +22,17 @@ the framework's own step. Greedy generation (gpt2): zoo ``generate`` against tra
 Every framework runs in its own subprocess (Keras reads ``KERAS_BACKEND`` when it is first
 imported), pinned to ``--threads`` threads; the two sides take turns call by call; prints
 median (min-max) ms and the ratio zoo / canonical of the medians (with the per-round spread).
-A configuration smaller than the real one is marked ``REDUCED`` in the output. Run:
+A configuration smaller than the real one is marked ``REDUCED`` in the output.
+
+``--apart`` (torch, training step): each side runs in a process of its own, the two in turns,
+one process per side per round (after ``--warmup`` steps in it), for models whose two sides
+do not fit in memory together: llama's training step at all 16 blocks needs 11.8 GiB a side
+(``xdevice estimate-memory llama --batch 8 --optimizer sgd``). Both load the same
+``save_pretrained`` folder, written once. Run:
 
     .venv/bin/python benchmarks/zoo_real.py [--models bert gpt2] [--frameworks torch jax]
         [--size real|small] [--llama-layers 2] [--measure forward train generate] [--repeats 3] [--threads 1]
+    .venv/bin/python benchmarks/zoo_real.py --models llama --frameworks torch --measure train --apart --repeats 2
 """
 
 from __future__ import annotations
@@ -209,6 +216,78 @@ def torch_worker(args: argparse.Namespace) -> None:
             same_tokens = np.array_equal(np.asarray(zoo_gen()), hf_gen().numpy())
             zoo_t, hf_t = timed({"zoo": zoo_gen, "canonical": hf_gen}, args)
             generation_row("torch", "transformers generate", zoo_t, hf_t, args, same_tokens, prompt.shape[1])
+
+
+def torch_train_apart(args: argparse.Namespace) -> None:
+    """The training step of each model with each side in processes of its own (``--apart``)."""
+    for name in args.models:
+        with tempfile.TemporaryDirectory() as folder:
+            _, note = spec_of(name, args)
+            worker = [sys.executable, __file__, "--worker", "torch", "--weights", folder, *sys.argv[1:]]
+            subprocess.run([*worker, "--side", "save"], check=True)
+            times: dict[str, list[float]] = {"zoo": [], "canonical": []}
+            for _ in range(args.repeats):
+                for side in times:
+                    done = subprocess.run([*worker, "--side", side], check=True, stdout=subprocess.PIPE, text=True)
+                    times[side].append(float(done.stdout.split()[-1]))
+        apart_note = f"each side in its own process, {args.warmup} warm-up step(s) per process"
+        row(name, "torch", f"transformers {HF_CLASS[name]}", None, tuple(times.values()), note, apart_note)
+
+
+def torch_side(args: argparse.Namespace) -> None:
+    """One side of ``--apart`` in this process: ``save`` writes the zoo's weights to
+    ``--weights``; ``zoo`` or ``canonical`` loads them, runs ``--warmup`` training steps and
+    one timed, and prints its seconds."""
+    import time
+
+    import torch
+    import transformers
+
+    from xdevice import models
+    from xdevice.models import definition
+
+    (name,) = args.models
+    overrides, _ = spec_of(name, args)
+    if args.side == "save":
+        models.build(name, backend="torch", seed=0, **overrides).save_pretrained(args.weights)
+        return
+    if args.side == "zoo":
+        model = models.build(name, backend="torch", weights=args.weights)
+        spec, apply, params = model.spec, definition(name).apply, dict(model.params)
+        for key in model.trainable:  # the model's own tensors train: no second copy of 1B weights
+            params[key] = params[key].detach().requires_grad_(True)
+        weights = [params[k] for k in model.trainable]
+    else:
+        hf = getattr(transformers, HF_CLASS[name]).from_pretrained(args.weights, **HF_NO_DROPOUT.get(name, {}))
+        hf.train()
+        spec, weights = {**definition(name).DEFAULTS, **overrides}, list(hf.parameters())
+    data = inputs_of(name, spec)
+    x = torch.as_tensor(data["x"])
+    extra = {} if name in IMAGES else {"attention_mask": torch.as_tensor(data["mask"])}
+    labels = None if data["labels"] is None else torch.as_tensor(data["labels"]).long()
+    optimizer = torch.optim.SGD(weights, lr=LR)
+
+    def forward():
+        if args.side == "zoo":
+            return apply(model.ops, params, x, spec=spec, train=True, **extra)[0]
+        out = hf(**({"pixel_values": x} if name in IMAGES else {"input_ids": x.long(), **extra}))
+        return out.last_hidden_state if name == "bert" else out.logits
+
+    def step():
+        optimizer.zero_grad(set_to_none=True)
+        out = forward()
+        if labels is None:
+            loss = out.square().mean()
+        else:
+            loss = torch.nn.functional.cross_entropy(out.reshape(-1, out.shape[-1]), labels.reshape(-1))
+        loss.backward()
+        optimizer.step()
+
+    for _ in range(args.warmup):
+        step()
+    begin = time.perf_counter()
+    step()
+    print(time.perf_counter() - begin, flush=True)
 
 
 def prompt_length(spec: dict, args: argparse.Namespace) -> int:
@@ -503,8 +582,17 @@ def main() -> None:
     parser.add_argument("--gen-prompt", type=int, default=32)
     parser.add_argument("--new-tokens", type=int, default=32)
     parser.add_argument("--threads", type=int, default=1, help=THREADS_HELP)
+    parser.add_argument("--apart", action="store_true", help="torch training step: each side in its own process")
     parser.add_argument("--worker", choices=FRAMEWORKS, help=argparse.SUPPRESS)
+    parser.add_argument("--side", choices=("save", "zoo", "canonical"), help=argparse.SUPPRESS)
+    parser.add_argument("--weights", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.apart and (args.frameworks != ["torch"] or args.measure != ["train"]):
+        parser.error("--apart measures the torch training step alone: add --frameworks torch --measure train")
+    if args.side:
+        print(pin_threads(args.threads, frameworks=("torch",)), file=sys.stderr, flush=True)
+        torch_side(args)
+        return
     if args.worker:
         print(pin_threads(args.threads, frameworks=(args.worker,)), file=sys.stderr, flush=True)
         WORKERS[args.worker](args)
@@ -517,6 +605,9 @@ def main() -> None:
         flush=True,
     )
     header()
+    if args.apart:
+        torch_train_apart(args)
+        return
     for framework in args.frameworks:
         command = [sys.executable, __file__, "--worker", framework] + sys.argv[1:]
         env = dict(os.environ, KERAS_BACKEND=framework, TF_CPP_MIN_LOG_LEVEL="2")
