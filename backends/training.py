@@ -29,7 +29,7 @@ the step stays the same on one device, several, or several processes:
 - ``tensor_parallel(data, model)``: the same devices as a ``data x model`` mesh, the zoo
   transformers' attention and MLP weights split over ``model`` (:func:`tensor_parallel_axis`)
   and the batch over ``data`` (``mesh={"data": 2, "model": 2}``); a backend whose ``Replication``
-  sets ``supports_tensor_parallel`` overrides it (JAX), the rest refuse.
+  sets ``supports_tensor_parallel`` overrides it (JAX; PyTorch across launched processes), the rest refuse.
 
 :class:`Replicas` itself is the one-device case and the defaults the engines build on.
 Importing this module imports no framework.

@@ -22,5 +22,6 @@ class TorchBackend(Devices, Memory, Numerics, Placement, Autodiff, Native, Expor
     saved_format = ".pt2"
     supports_memory_limit = True
     supports_processes = True
+    supports_tensor_parallel = True  # across launched processes, with DTensor (replication.py)
     fsdp_first_axis = True  # FSDP2's fully_shard: torch.chunk along dim 0
     ops = TorchOps()

@@ -23,6 +23,7 @@ them, with FSDP2's ``fully_shard``; one process has nothing to shard and replica
 from __future__ import annotations
 
 import atexit
+import functools
 import os
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -31,11 +32,14 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
-from torch.distributed.tensor import DTensor, distribute_tensor
+from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
+from torch.distributed.tensor.experimental import implicit_replication, register_sharding
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from xdevice._errors import ConfigurationError, message
 from xdevice._processes import world
 from xdevice.backends import training
+from xdevice.backends._model_io import map_leaves
 from xdevice.backends.torch.autodiff import detached
 
 
@@ -145,6 +149,9 @@ class ProcessReplicas(training.Replicas):
     def sharded(self) -> training.Replicas:
         return self if self.count == 1 else ShardedProcessReplicas(self.backend)
 
+    def tensor_parallel(self, data: int, model: int) -> training.Replicas:
+        return TensorParallelProcessReplicas(self.backend, data, model)
+
 
 class _Shards(torch.nn.Module):
     """The module ``fully_shard`` wraps: the trained parameters as ``nn.Parameter``s (``p0``,
@@ -236,6 +243,121 @@ class ShardedProcessReplicas(ProcessReplicas):
         """``arrays`` as plain tensors of the whole values, for code outside the step (evaluation,
         numpy copies, checkpoints): shards (DTensors) all-gathered, every rank calling it."""
         return {k: v.full_tensor() if isinstance(v, DTensor) else v for k, v in arrays.items()}
+
+
+class TensorParallelProcessReplicas(ProcessReplicas):
+    """A ``data x model`` mesh of the launched processes (``mesh={"data": d, "model": m}``,
+    ``d * m`` processes, rank ``r`` at row ``r // m``, column ``r % m``): the zoo transformers'
+    attention and MLP layers split over ``model`` as ``training.tensor_parallel_axis`` says, the
+    batch over ``data``.
+
+    Every floating parameter becomes a DTensor on the mesh's ``model`` axis through this rank
+    (a 1-D ``DeviceMesh`` of the ranks that share its slice of the batch): ``Shard(axis)`` where
+    the layout splits it (this rank holds ``1/m`` of it), ``Replicate()`` elsewhere; its
+    optimizer slots (``m/<name>``) alike. The step's forward runs the op set's torch ops on them
+    as they are: DTensor's sharding propagation picks each op's layout and inserts the
+    collectives over ``model`` (the sum after a row-split layer, a gather where an op needs whole
+    values). The batch stays a plain tensor, the same on every rank of that axis, which
+    ``implicit_replication`` lets DTensor take as a copy. The gradients come back in the
+    parameters' layouts; across ``data`` they are summed (``all_reduce`` over the ranks of one
+    column), each rank's loss being weighted by its rows, as under DDP. :meth:`whole`
+    all-gathers the whole arrays, every rank calling it.
+    """
+
+    shards = True
+
+    def __init__(self, backend: Any, data: int, model: int):
+        super().__init__(backend)
+        self.data, self.model = data, model
+        self.row = self.rank // model  # this rank's place on the data axis: its slice of the batch
+        self.mesh: Any = None  # the DeviceMesh, made once the group is joined (place_params)
+        self.layers: Any = None  # its "model" axis through this rank, where the DTensors live
+        self.layout: dict[str, Any] = {}  # the floating parameters' shapes: what becomes a DTensor
+        _index_add_by_replicas()
+
+    def place_params(self, arrays: dict[str, Any]) -> dict[str, Any]:
+        whole = super().place_params({k: v for k, v in arrays.items() if not isinstance(v, DTensor)})
+        if self.mesh is None:  # the first arrays placed are the parameters (the trainer places them first)
+            device = next((v.device.type for v in whole.values()), "cpu")
+            self.mesh = init_device_mesh(device, (self.data, self.model), mesh_dim_names=training.MESH_AXES)
+            self.layers = self.mesh["model"]  # this rank's row: the ranks that split its layers
+            self.layout = {k: v.shape for k, v in whole.items() if v.is_floating_point()}
+        return {k: arrays[k] if isinstance(arrays[k], DTensor) else self._placed(k, whole[k]) for k in arrays}
+
+    def _placed(self, name: str, value: Any) -> Any:
+        """``value`` as a DTensor split along ``training.tensor_parallel_axis`` over ``model``
+        (or whole on each rank) where it is a floating parameter ``name`` or an optimizer slot
+        (``m/<name>``) shaped like one; anything else (buffers, a batch, the step count) plain."""
+        shape = self.layout.get(name, self.layout.get(name.split("/", 1)[-1]))
+        if shape is None or value.shape != shape or not value.is_floating_point():
+            return value
+        axis = training.tensor_parallel_axis(name, tuple(value.shape), self.model)
+        return distribute_tensor(value.detach(), self.layers, [Replicate() if axis is None else Shard(axis)])
+
+    def place_batch(self, x: Any, y: Any) -> tuple[Any, Any]:
+        return x.tensor_split(self.data)[self.row], y.tensor_split(self.data)[self.row]
+
+    def weight(self, x: Any) -> Any:
+        rows = torch.tensor(float(x.shape[0]))
+        return rows / self._over_data(rows.clone())
+
+    def sum(self, tree: Any) -> Any:
+        if isinstance(tree, dict):
+            return {k: self.sum(v) for k, v in tree.items()}
+        return self._over_data(_plain(tree).clone())
+
+    def _over_data(self, value: Any) -> Any:
+        """``value`` summed over the ranks of this rank's column of the mesh (its data axis)."""
+        if self.data > 1:
+            dist.all_reduce(value, group=self.mesh.get_group("data"))
+        return value
+
+    def value_and_grad(self, objective: Callable, params: dict[str, Any]) -> tuple[tuple[Any, Any], dict[str, Any]]:
+        trained = {k: v.detach().requires_grad_() for k, v in params.items() if isinstance(v, DTensor)}
+        # attention by its math (matmul, softmax), which DTensor splits by heads: the fused CPU
+        # kernel's backward has no sharding rule in torch (its forward does)
+        with torch.enable_grad(), implicit_replication(), sdpa_kernel(SDPBackend.MATH):
+            value, aux = objective({**params, **trained})
+            value.backward()
+        grads = {}
+        for name, param in params.items():
+            grad = trained[name].grad if name in trained else None
+            if grad is None:  # an integer array, or a parameter the loss does not use
+                grads[name] = torch.zeros_like(param)
+                continue
+            if grad.placements != param.placements:  # a partial sum left by the last op
+                grad = grad.redistribute(placements=param.placements)
+            self._over_data(grad.to_local())
+            grads[name] = grad
+        return (_plain(value.detach()), map_leaves(_plain, detached(aux))), grads
+
+    def gather(self, arrays: dict[str, Any], device: Any) -> dict[str, Any]:
+        """``arrays`` whole on every rank (an all-gather, so every rank calls it)."""
+        return self.whole(arrays)
+
+    def whole(self, arrays: dict[str, Any]) -> dict[str, Any]:
+        """``arrays`` as plain tensors of the whole values, every rank calling it."""
+        return {k: _plain(v) for k, v in arrays.items()}
+
+
+@functools.cache
+def _index_add_by_replicas() -> None:
+    """Tell DTensor to run ``index_add`` (the backward of the op set's ``take``, an embedding
+    lookup) on whole copies, or split along another axis than the one added into. torch has no
+    sharding rule for it and falls back to its decomposition, which, given a gradient that is a
+    partial sum (from a layer split by rows), gives wrong values (torch 2.13: the lookup's
+    gradient off by the size of the gradient itself)."""
+
+    @register_sharding([torch.ops.aten.index_add.default, torch.ops.aten.index_add_.default])
+    def _rule(x: Any, dim: int, index: Any, source: Any, alpha: Any = 1) -> list[tuple[list, list]]:
+        whole = ([Replicate()], [Replicate(), None, Replicate(), Replicate()])
+        axes = [d for d in range(len(x.shape)) if d != dim % len(x.shape)]
+        return [whole, *(([Shard(d)], [Shard(d), None, Replicate(), Shard(d)]) for d in axes)]
+
+
+def _plain(value: Any) -> Any:
+    """A DTensor's whole value as a plain tensor (gathered where it is split); else ``value``."""
+    return value.full_tensor() if isinstance(value, DTensor) else value
 
 
 class Replication:

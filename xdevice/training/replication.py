@@ -15,7 +15,9 @@ and PyTorch in one process, refuse it by name, with the way that works.
 ``mesh={"data": 2, "model": 2}`` lays the devices out as a grid: the batch is split over
 ``data``, and the zoo transformers' attention and MLP layers over ``model`` (tensor
 parallelism, Megatron-LM's layout, ``xdevice.backends.training.tensor_parallel_axis``): JAX
-over ``devices=[...]`` in one process; the other engines refuse a ``model`` axis by name.
+over ``devices=[...]`` in one process, PyTorch across the processes ``xdevice launch`` started
+(DTensor, ``d * m`` processes, one device each; in one process it refuses, with the launch line);
+TensorFlow refuses a ``model`` axis by name.
 
 >>> r = replicate(backend="numpy")
 >>> r.place_batch([1, 2], [3, 4]), r.weight(None)
@@ -30,7 +32,7 @@ from typing import Any
 from xdevice import _registry
 from xdevice._discovery import find
 from xdevice._errors import ConfigurationError, message
-from xdevice._processes import launched
+from xdevice._processes import launched, world
 from xdevice.backends.training import MESH_AXES, STRATEGIES, Replicas
 
 __all__ = ["Replicas", "mesh_shape", "replicate"]
@@ -92,7 +94,9 @@ def replicate(
             a shard of the parameters, gradients and optimizer state).
         mesh: ``{"data": d, "model": m}`` (``d * m == len(devices)``, an axis left out is 1):
             the batch split ``d`` ways and, with ``m > 1``, the transformers' layers ``m`` ways
-            (tensor parallel, JAX only); None: ``{"data": len(devices)}``.
+            (tensor parallel: JAX over ``devices`` in one process, PyTorch across the processes
+            ``xdevice launch`` started, one device each, ``d * m`` of them); None:
+            ``{"data": len(devices)}``.
 
     Raises:
         ConfigurationError: an unknown strategy or a mesh that does not fit the devices, or the
@@ -108,7 +112,14 @@ def replicate(
             )
         )
     engine = _registry.backend(backend)  # its hooks refuse what it cannot do, naming who can
-    data, model = mesh_shape(mesh, len(devices) if devices is not None else 1)
+    # under xdevice launch with no devices= a mesh lays out the processes, one device each
+    count = len(devices) if devices is not None else (world()[1] if launched() else 1)
+    sizes = [mesh.get(axis, 1) for axis in MESH_AXES] if isinstance(mesh, Mapping) else [1, 1]
+    if devices is None and count == 1 and not engine.supports_replication and engine.supports_tensor_parallel:
+        if all(type(n) is int for n in sizes) and sizes[1] > 1:  # a 'model' axis meant for launched processes
+            layout = f"mesh={{'data': {sizes[0]}, 'model': {sizes[1]}}}"
+            raise ConfigurationError(_split_across_processes(engine, layout, sizes[0] * sizes[1], None))
+    data, model = mesh_shape(mesh, count)
     if model > 1:
         return _tensor_parallel(engine, list(devices or []), strategy, data, model)
     if launched():
@@ -175,4 +186,20 @@ def _tensor_parallel(engine: Any, devices: list[Any], strategy: str, data: int, 
                 fix=f"{elsewhere}drop the 'model' axis (mesh={{'data': N}} is data parallel)",
             )
         )
+    if launched():
+        return engine.process_replicas().tensor_parallel(data, model)
+    if not engine.supports_replication:  # PyTorch: one device per process, started by the launcher
+        raise ConfigurationError(_split_across_processes(engine, layout, data * model, devices))
     return engine.replicas([find(d, backend=engine.name) for d in devices]).tensor_parallel(data, model)
+
+
+def _split_across_processes(engine: Any, layout: str, count: int, devices: list[Any] | None) -> str:
+    """Why ``engine`` (PyTorch) cannot split a model over ``count`` devices of one process, and
+    the launch that works: it has no virtual CPU devices, and one device per process."""
+    return message(
+        f"{engine.title} splits a model's layers across processes, one device each, not across the devices "
+        "of one process (it has no virtual CPU devices)",
+        received=f"{layout} in one process" + (f" over devices={[str(d) for d in devices]}" if devices else ""),
+        fix=f"leave devices= out and run the same script under `xdevice launch --nproc-per-node {count} "
+        "your_script.py` with the same mesh",
+    )

@@ -1,0 +1,127 @@
+"""PyTorch's tensor parallel (``mesh={"model": 2}``): the zoo transformers' attention and MLP
+layers split over two processes started by ``xdevice launch`` on loopback (gloo), as DTensors
+on a ``DeviceMesh``, train as one process does for 20 steps, each rank holding half of each
+split weight; after fit, ``weights()`` and ``save`` gather the whole arrays. In one process
+PyTorch has no devices to split over, and says how to launch."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+from xdevice import ConfigurationError, Trainer, models
+
+pytest.importorskip("torch")
+
+STEPS = 20
+#: the split layers each rank should hold half of: (name, the axis split)
+SPLIT = {
+    "gpt2": {"block0.attn.qkv.weight": 1, "block0.attn.qkv.bias": 0, "block0.mlp.fc2.weight": 0},
+    "llama": {"block0.attn.q.weight": 1, "block0.mlp.gate.weight": 1, "block0.mlp.down.weight": 0},
+    "bert": {"layer0.attn.qkv.weight": 1, "layer0.attn.out.weight": 0, "layer0.mlp.fc1.bias": 0},
+}
+
+SCRIPT = textwrap.dedent("""
+    import json, sys
+    import numpy as np
+    from torch.distributed.tensor import DTensor
+    from xdevice import models, Trainer
+    from xdevice.training.launch import world
+
+    name, folder, mesh = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
+    sizes = {"bert": {"pooler": False, "layers": 1}, "gpt2": {"blocks": 1}, "llama": {"blocks": 1}}[name]
+    model = models.build(name, backend="torch", **{**models.definition(name).SMALL, **sizes}, seed=0)
+    rng = np.random.default_rng(0)
+    x = rng.integers(0, model.spec["vocab"], size=(20 * 4, 8)).astype("int32")
+    if name == "bert":  # the last hidden state towards random targets
+        y, loss = rng.normal(size=(20 * 4, 8, model.spec["width"])).astype("float32"), "mse"
+    else:  # the next token
+        y, loss = np.roll(x, -1, axis=1).astype("int64"), "cross_entropy"
+    rank, size = world()
+    mesh = mesh if size > 1 else None  # one process: the reference
+    # eps=1e-6: see tests/training/test_tensor_parallel.py (the key bias's rounding-noise gradient)
+    trainer = Trainer(model, loss, "adam", lr=1e-3, eps=1e-6, mesh=mesh)
+    history = trainer.fit((x, y), epochs=1, batch_size=4, verbose=0, seed=0)
+    held = {k: list(v.to_local().shape) for k, v in trainer.program.params.items() if isinstance(v, DTensor)}
+    slots = {k: list(v.to_local().shape) for k, v in trainer.state.items() if isinstance(v, DTensor)}
+    weights = trainer.weights()
+    trainer.save(folder + f"/saved{size}")
+    with open(folder + f"/rank{rank}of{size}.json", "w") as out:
+        json.dump({
+            "steps": history.steps,
+            "params": {k: v.ravel().tolist() for k, v in weights.items()},
+            "shapes": {k: list(v.shape) for k, v in weights.items()},
+            "held": held,
+            "slots": slots,
+        }, out)
+""")
+
+
+def start(tmp_path, name: str, mesh: dict, *launch: str) -> subprocess.Popen:
+    script = tmp_path / "train.py"
+    script.write_text(SCRIPT)
+    command = [sys.executable, *launch, str(script), name, str(tmp_path), json.dumps(mesh)]
+    return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def finish(started: subprocess.Popen) -> None:
+    _, stderr = started.communicate(timeout=300)
+    assert started.returncode == 0, stderr[-3000:]
+
+
+@pytest.mark.multi_device
+@pytest.mark.parametrize(
+    "name, mesh",
+    [
+        # make test-models: each starts three processes and takes 30 s or more on two cores
+        pytest.param("gpt2", {"model": 2}, id="gpt2-model2", marks=pytest.mark.realworld),
+        pytest.param("llama", {"model": 2}, id="llama-model2", marks=pytest.mark.realworld),
+        pytest.param("bert", {"model": 2}, id="bert-model2", marks=pytest.mark.realworld),
+        pytest.param("gpt2", {"data": 2, "model": 2}, id="gpt2-data2-model2", marks=pytest.mark.realworld),
+    ],
+)
+def test_a_model_axis_across_processes_trains_as_one_process_with_a_part_of_each_split_weight(tmp_path, name, mesh):
+    processes = mesh.get("data", 1) * mesh["model"]
+    alone = start(tmp_path, name, mesh)  # one process: the reference, beside the launched ones
+    launched = start(tmp_path, name, mesh, "-m", "xdevice", "launch", "--nproc-per-node", str(processes))
+    finish(alone)
+    finish(launched)
+    one = json.loads((tmp_path / "rank0of1.json").read_text())
+    ranks = [json.loads((tmp_path / f"rank{rank}of{processes}.json").read_text()) for rank in range(processes)]
+    assert len(one["steps"]) == STEPS and one["held"] == {}
+    for many in ranks:
+        np.testing.assert_allclose(many["steps"], one["steps"], rtol=1e-5)
+        assert many["shapes"] == one["shapes"]  # weights() gathers whole arrays
+        for key, value in one["params"].items():
+            np.testing.assert_allclose(many["params"][key], value, rtol=0, atol=1e-5, err_msg=key)
+        for key, axis in SPLIT[name].items():  # each rank holds its part of a split weight, and of its Adam slots
+            part = list(one["shapes"][key])
+            part[axis] //= mesh["model"]
+            assert many["held"][key] == part, key
+            assert many["slots"][f"m/{key}"] == many["slots"][f"v/{key}"] == part, key
+        norm = next(k for k in one["shapes"] if "norm" in k)
+        assert many["held"][norm] == one["shapes"][norm]  # a layer outside the layout is copied whole
+    # save gathers too: rank 0 wrote the whole arrays, as one process does
+    from safetensors.numpy import load_file
+
+    saved = {f.name: load_file(f) for f in (tmp_path / f"saved{processes}").glob("*.safetensors")}
+    whole = {f.name: load_file(f) for f in (tmp_path / "saved1").glob("*.safetensors")}
+    assert saved.keys() == whole.keys() and saved
+    for file, arrays in whole.items():
+        for key, value in arrays.items():
+            np.testing.assert_allclose(saved[file][key], value, rtol=0, atol=1e-5, err_msg=key)
+
+
+@pytest.mark.parametrize("devices", [["cpu:0", "cpu:1"], None], ids=["two-devices", "no-devices"])
+def test_a_model_axis_in_one_process_is_refused_with_the_launch_that_works(devices):
+    model = models.build("gpt2", backend="torch", **models.definition("gpt2").SMALL, seed=0)
+    with pytest.raises(ConfigurationError) as refused:
+        Trainer(model, devices=devices, mesh={"model": 2})
+    said = str(refused.value)
+    assert "PyTorch splits a model's layers across processes" in said
+    assert "xdevice launch --nproc-per-node 2" in said
