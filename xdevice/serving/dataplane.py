@@ -200,7 +200,7 @@ class DataPlane:
             except BadRequest:
                 loaded.stats.request(False, time.perf_counter() - start)
                 raise
-            outputs = await self.models.infer(loaded, request)
+            outputs = await self.models.infer(loaded, request, alone=self.in_flight == 1)
             encoding = time.perf_counter()
             try:
                 outputs = self._deliver(loaded, request, outputs)

@@ -17,6 +17,7 @@ import concurrent.futures
 import dataclasses
 import functools
 import logging
+import math
 import queue
 import re
 import threading
@@ -39,6 +40,10 @@ __all__ = ["Loaded", "Models", "warmup_batches"]
 
 logger = logging.getLogger("xdevice.serving")
 
+#: seconds: a model whose recent runs took less runs on the event loop when its request is
+#: the only one in flight (:meth:`Models.infer`); the longest a health probe then waits
+INLINE_BELOW = 1e-3
+
 
 @dataclasses.dataclass
 class Loaded:
@@ -53,10 +58,13 @@ class Loaded:
     instances: concurrent.futures.ThreadPoolExecutor  # one thread per instance: one run at a time each
     vocabulary: dict[str, Vocabulary] = dataclasses.field(default_factory=dict)  # token-id inputs
     sessions: Instances | None = None  # one session per instance thread (GPU), else ``session`` for all
+    #: seconds the recent runs took (smoothed; inf until the first): what decides :data:`INLINE_BELOW`
+    recent: float = math.inf
 
     def run(self, inputs: dict[str, Any]) -> dict[str, Any]:
-        """Run on this instance thread's session (called on an ``instances`` thread)."""
-        return (self.sessions or self.session).run(inputs)
+        """Run checked ``inputs`` on this instance thread's session (called on an
+        ``instances`` thread, or on the event loop where :meth:`Models.infer` says)."""
+        return (self.sessions or self.session).run_checked(inputs)
 
 
 class Instances:
@@ -76,6 +84,9 @@ class Instances:
 
     def run(self, inputs: dict[str, Any]) -> dict[str, Any]:
         return self._local.session.run(inputs)
+
+    def run_checked(self, inputs: dict[str, Any]) -> dict[str, Any]:
+        return self._local.session.run_checked(inputs)
 
 
 class Models:
@@ -179,7 +190,9 @@ class Models:
         one_thread = self.session_options.get("threads") == 1 and not (config.device or "").startswith("gpu")
         if config.dynamic_batching:
             batcher = Batcher(
-                (sessions or session).run,  # as Loaded.run
+                # checks again what was checked per request: the batcher's cost measurements
+                # (merged against alone) were tuned with that per-run cost included
+                (sessions or session).run,
                 max_batch_size=config.max_batch_size,
                 max_queue_delay=config.max_queue_delay_us / 1e6,
                 executor=instances,
@@ -340,10 +353,17 @@ class Models:
 
     # -- serving one request -----------------------------------------------------------------
 
-    async def infer(self, loaded: Loaded, request: InferRequest) -> dict[str, np.ndarray]:
+    async def infer(self, loaded: Loaded, request: InferRequest, alone: bool = False) -> dict[str, np.ndarray]:
         """The outputs for one request (its inputs checked first, so a bad request never
         fails the batch it would have joined); failures are counted here, successes by the
-        caller once the response is encoded (:meth:`finished`)."""
+        caller once the response is encoded (:meth:`finished`).
+
+        The model runs on an instance thread, off the event loop; but a request that is
+        ``alone`` (no other in flight) on a model without a batcher whose recent runs took
+        under :data:`INLINE_BELOW` runs on the event loop itself: handing a 0.1 ms run to a
+        thread and back costs more than the run (two wake-ups and the GIL passed back and
+        forth), and with nothing else in flight there is no one for the loop to serve meanwhile.
+        """
         start = time.perf_counter()
         try:
             inputs = _check_request(loaded, request)
@@ -351,6 +371,8 @@ class Models:
             loaded.stats.phase("compute_input", time.perf_counter() - start)
             if loaded.batcher is not None:
                 return await loaded.batcher.submit(inputs, timeout=timeout)
+            if alone and loaded.recent < INLINE_BELOW and loaded.sessions is None:
+                return _run(loaded, inputs)
             return await asyncio.get_running_loop().run_in_executor(loaded.instances, _run, loaded, inputs)
         except Exception:
             loaded.stats.request(False, time.perf_counter() - start)
@@ -367,8 +389,10 @@ class Models:
 def _run(loaded: Loaded, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     start = time.perf_counter()
     outputs = loaded.run(inputs)
+    seconds = time.perf_counter() - start
     rows = next(iter(inputs.values())).shape[0] if loaded.config.max_batch_size > 0 else 1
-    loaded.stats.executed(rows, time.perf_counter() - start)
+    loaded.stats.executed(rows, seconds)
+    loaded.recent = seconds if loaded.recent == math.inf else 0.8 * loaded.recent + 0.2 * seconds
     return outputs
 
 

@@ -28,11 +28,12 @@ import asyncio
 import contextlib
 import logging
 import socket
+import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import orjson
 
@@ -51,6 +52,7 @@ SHUTDOWN_TIMEOUT = 10.0  # seconds requests in flight get to finish when the ser
 HEADER_TIMEOUT = 10.0  # seconds a client has to send its request headers
 BODY_TIMEOUT = 60.0  # seconds a client has to send its request body
 logger = logging.getLogger("xdevice.serving")
+T = TypeVar("T")
 
 
 class ServerNotReady(InferenceError, RuntimeError):
@@ -141,7 +143,11 @@ def rest_app(
 
         return Route(path, endpoint, methods=[method])
 
+    # inference first: Starlette tries the routes in order, and an infer request is the one
+    # whose latency counts (no other route's path can match an infer route's)
     routes = [
+        route("/v2/models/{model}/infer", rest.infer, "POST"),
+        route("/v2/models/{model}/versions/{version}/infer", rest.infer, "POST"),
         route("/v2", rest.server_metadata),
         route("/v2/health/live", rest.live),
         route("/v2/health/ready", rest.ready),
@@ -171,7 +177,6 @@ def rest_app(
             route(prefix + "/ready", rest.model_ready),
             route(prefix + "/config", rest.model_config),
             route(prefix + "/stats", rest.model_stats),
-            route(prefix + "/infer", rest.infer, "POST"),
         ]
     routes += [
         route("/v2/models/{model}/trace/setting", rest.trace_settings),
@@ -276,7 +281,7 @@ class _Endpoints:
 
         async def decode():
             try:
-                body = await asyncio.wait_for(_read_body(request, self.plane.max_body), BODY_TIMEOUT)
+                body = await _within(BODY_TIMEOUT, _read_body(request, self.plane.max_body))
             except asyncio.TimeoutError:
                 raise BadRequest(
                     message(
@@ -296,6 +301,15 @@ class _Endpoints:
             return Response(content, headers=headers)
 
         return await self.plane.infer(model, version, decode, encode)
+
+
+async def _within(seconds: float, awaitable: Awaitable[T]) -> T:
+    """``await awaitable``, or ``asyncio.TimeoutError`` after ``seconds``; on Python 3.11+
+    without the task ``asyncio.wait_for`` wraps it in (a loop hop on every request)."""
+    if sys.version_info >= (3, 11):
+        async with asyncio.timeout(seconds):
+            return await awaitable
+    return await asyncio.wait_for(awaitable, seconds)
 
 
 def _file_bytes(key: str, value: Any) -> Any:
@@ -413,16 +427,57 @@ def _compress(content: bytes, coding: str) -> bytes:
     return gzip.compress(content, compresslevel=1) if coding == "gzip" else zlib.compress(content, 1)
 
 
+class _OneWrite:
+    """A connection's transport that sends a response's status line and headers together
+    with the body's first write: uvicorn writes them apart, and on loopback each write wakes
+    the client (two wake-ups, two segments per response where one does). Every other call
+    goes to the transport as it is; a held write goes out when the response completes
+    (:meth:`flush`) or the transport closes."""
+
+    def __init__(self, transport: Any):
+        self._transport = transport
+        self.armed = False  # hold the next response's status line and headers
+        self._held: bytes | None = None
+
+    def write(self, data: bytes) -> None:
+        if self._held is not None:
+            data, self._held = self._held + data, None
+        elif self.armed and data.startswith(b"HTTP/1.1 ") and not data.startswith(b"HTTP/1.1 100 "):
+            self.armed, self._held = False, data  # "100 Continue" goes at once: the client waits on it
+            return
+        self._transport.write(data)
+
+    def close(self) -> None:
+        self.flush()
+        self._transport.close()
+
+    def write_eof(self) -> None:
+        self.flush()
+        self._transport.write_eof()
+
+    def flush(self) -> None:
+        """Send what is held (a response that is complete without writing a body)."""
+        if self._held is not None:
+            self._transport.write(self._held)
+            self._held = None
+
+    def __getattr__(self, name: str) -> Any:  # everything else, as the transport has it
+        return getattr(self._transport, name)
+
+
 def _http_protocol(header_timeout: float):
     """uvicorn's httptools protocol, closing a connection whose request headers do not all
-    arrive within ``header_timeout`` seconds of the connection or of the request's start."""
+    arrive within ``header_timeout`` seconds of the connection or of the request's start,
+    and sending each response's headers and body in one write (:class:`_OneWrite`)."""
     from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
     class Protocol(HttpToolsProtocol):
         _header_timer = None
 
         def connection_made(self, transport):
-            super().connection_made(transport)
+            writer: Any = _OneWrite(transport)  # stands in for the transport (duck-typed)
+            self._writer = writer
+            super().connection_made(writer)
             self._arm()
 
         def on_message_begin(self):
@@ -431,7 +486,12 @@ def _http_protocol(header_timeout: float):
 
         def on_headers_complete(self):
             self._disarm()
+            self._writer.armed = True  # this request's answer: headers wait for the body
             super().on_headers_complete()
+
+        def on_response_complete(self):
+            self._writer.flush()  # a response that wrote no body (HEAD) sends its held headers now
+            super().on_response_complete()
 
         def connection_lost(self, exc):
             self._disarm()

@@ -182,6 +182,8 @@ class Session:
         )
         self.inputs = [_spec(a) for a in self._session.get_inputs()]
         self.outputs = [_spec(a) for a in self._session.get_outputs()]
+        self._input_specs = {s.name: s for s in self.inputs}  # looked up on every request
+        self._output_names = [s.name for s in self.outputs]
         self.ready = False
         for batch in warmup_batches if warmup else ():
             zeros = {s.name: _zeros(s, batch) for s in self.inputs}
@@ -212,20 +214,28 @@ class Session:
         Raises:
             InferenceError: unknown or missing names, a wrong dtype or rank, or a failed run.
         """
-        names = [s.name for s in self.outputs]
+        names = self._output_names
         wanted = names if outputs is None else list(outputs)
         for name in wanted:
             if name not in names:
                 raise InferenceError(message("Unknown output name", received=name, choices=names))
         if to is not None and to not in _registry.backends():
             raise InferenceError(message("Unknown output framework", received=to, choices=_registry.backends()))
-        feeds = self.check_inputs(inputs)
-        on_gpu = self.device.kind == "gpu"
+        return self.run_checked(self.check_inputs(inputs), wanted, to)
+
+    def run_checked(self, feeds: dict[str, Any], outputs: list[str] | None = None, to: str | None = None):
+        """:meth:`run` on ``feeds`` that :meth:`check_inputs` returned and ``outputs`` (names
+        of the model's outputs; default: all) and ``to`` already checked: what the server
+        calls, having checked each request once before it queued. Thread safe.
+
+        Raises:
+            InferenceError: the run failed.
+        """
+        wanted = self._output_names if outputs is None else outputs
         try:
             if to in (None, "numpy") and not any(_is_device_array(v) for v in feeds.values()):
-                values = self._session.run(wanted, {k: to_host(v) for k, v in feeds.items()})
-                return dict(zip(wanted, values))
-            return self._run_bound(feeds, wanted, to, on_gpu)
+                return dict(zip(wanted, self._session.run(wanted, feeds)))  # numpy already: as they are
+            return self._run_bound(feeds, wanted, to, self.device.kind == "gpu")
         except InferenceError:
             raise
         except Exception as error:
@@ -272,7 +282,7 @@ class Session:
         Raises:
             InferenceError: what is wrong, with the valid names or the expected dtype/shape.
         """
-        specs = {s.name: s for s in self.inputs}
+        specs = self._input_specs
         unknown = [k for k in inputs if k not in specs]
         missing = [k for k in specs if k not in inputs]
         if unknown or missing:
@@ -510,7 +520,7 @@ def _checked(spec: TensorSpec, value: Any, device: Device):
     if spec.dtype == "string":
         dtype = "string"
     else:
-        dtype = value.dtype.name if isinstance(value, np.ndarray) else np.dtype(_dtype_name(value)).name
+        dtype = _numpy_name(value.dtype) if isinstance(value, np.ndarray) else np.dtype(_dtype_name(value)).name
     if dtype != spec.dtype:
         raise InferenceError(
             message(
@@ -530,6 +540,18 @@ def _checked(spec: TensorSpec, value: Any, device: Device):
             )
         )
     return value
+
+
+_NAMES: dict[Any, str] = {}
+
+
+def _numpy_name(dtype: Any) -> str:
+    """``dtype.name``, remembered: numpy works it out in Python each time it is asked, and
+    the server asks on every request."""
+    name = _NAMES.get(dtype)
+    if name is None:
+        name = _NAMES[dtype] = dtype.name
+    return name
 
 
 def _dtype_name(value: Any) -> str:
