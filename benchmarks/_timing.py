@@ -87,14 +87,18 @@ def interleaved(
 ) -> dict[str, list[float]]:
     """Seconds per call of each side: ``samples`` rounds in which every side runs ``inner``
     calls in turn (after ``warmup`` calls each); stops early, after at least 3 rounds, once
-    ``budget`` seconds are spent."""
+    ``budget`` seconds are spent. The order of the sides rotates from round to round: a call
+    right after another framework's can pay for it (a JAX call after ONNX Runtime's was
+    measured 1.06-1.28x slower at batch 1), and no side should always be the one that pays."""
     for fn in sides.values():
         for _ in range(warmup):
             fn()
     times: dict[str, list[float]] = {name: [] for name in sides}
+    order = list(sides.items())
     start = time.perf_counter()
     for round_ in range(samples):
-        for name, fn in sides.items():
+        turn = round_ % len(order)
+        for name, fn in order[turn:] + order[:turn]:
             begin = time.perf_counter()
             for _ in range(inner):
                 fn()
