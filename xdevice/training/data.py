@@ -182,7 +182,9 @@ class Prefetcher:
     only the part of it that can run beside the step: the GIL lets Python work run one thread
     at a time. ``benchmarks/prefetch.py``, the digits-sized ``mlp`` on two cores: placing took
     4-7% of a step on PyTorch and TensorFlow, whose small steps are Python work too, and the
-    thread cost 4%; 15-25% on JAX, whose compiled step runs without the GIL, and it saved 11%.
+    thread cost 4%; 15-25% on JAX, whose compiled step runs without the GIL, and it saved 11%
+    (that was before the trainer handed JAX's step on its default CPU the numpy batches as they
+    are, for ``jax.jit`` to place: there, placing is now next to nothing, and it steps aside).
     Batches from any other iterable (read, decoded, made) always get the thread.
     """
 

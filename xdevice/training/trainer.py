@@ -37,9 +37,10 @@ from typing import Any
 
 import numpy as np
 
+from xdevice import _registry
 from xdevice._errors import ConfigurationError, message
 from xdevice._seed import default_seed
-from xdevice.backends.training import donating
+from xdevice.backends.training import Replicas, donating
 from xdevice.training import checkpoint
 from xdevice.training.callbacks import Callback, Progress
 from xdevice.training.data import Batches, Prefetcher, as_batches
@@ -200,6 +201,7 @@ class Trainer:
 
         self._train = compile_step(self._train_step, (0, 1, 2))  # params, buffers, state
         self._compiled = self._train is not self._train_step  # eager PyTorch: rates stay Python floats
+        self._host_batches = self._takes_host_batches()
         if accumulate > 1:
             # the summed gradients are not donated: a group starts from the one zeros buffer
             self._accumulate = compile_step(self._accumulate_step, (1,))  # buffers
@@ -238,14 +240,14 @@ class Trainer:
         def objective(p):
             out, new_buffers = program.forward(p, buffers, x, True)
             out = self._real_rows(out, y)
-            loss = ops.multiply(self.loss(ops, out, y), weight)
+            loss = _weighted(ops, self.loss(ops, out, y), weight)
             return (loss if scale is None else ops.multiply(loss, scale)), (new_buffers, out, loss)
 
         (_, (buffers, out, loss)), grads = replicas.value_and_grad(objective, params)  # the global batch's
         if scale is not None:
             inverse = ops.divide(1.0, scale)
             grads = {k: ops.multiply(g, ops.cast(inverse, ops.dtype(g))) for k, g in grads.items()}
-        metrics = {k: replicas.sum(ops.multiply(f(ops, out, y), weight)) for k, f in self.metrics.items()}
+        metrics = {k: replicas.sum(_weighted(ops, f(ops, out, y), weight)) for k, f in self.metrics.items()}
         return buffers, grads, replicas.sum(loss), metrics
 
     def _real_rows(self, out: Any, y: Any) -> Any:
@@ -518,9 +520,10 @@ class Trainer:
         for key, value in {"loss": loss, **metrics}.items():
             sums[key] = sums.get(key, 0.0) + value * rows
         self.history.steps.append(loss)
-        logs = {"loss": loss, **metrics, "lr": lr}
-        for callback in callbacks:
-            callback.on_step_end(self, self.step_count, logs)
+        if callbacks:
+            logs = {"loss": loss, **metrics, "lr": lr}
+            for callback in callbacks:
+                callback.on_step_end(self, self.step_count, logs)
 
     def evaluate(self, data: Any, batch_size: int = 256) -> dict[str, float]:
         """Mean loss and metrics over ``data`` in inference mode (batch norm uses running stats)."""
@@ -680,8 +683,21 @@ class Trainer:
 
     # -- helpers --------------------------------------------------------------------------
 
+    def _takes_host_batches(self) -> bool:
+        """Whether the compiled step on one device takes numpy batches as they are, placing
+        them itself for less than the trainer would (the backend's ``training.takes_host_batches``:
+        JAX on its default CPU); asked only of a backend whose step compiles."""
+        if not self._compiled or type(self.replicas) is not Replicas:  # several replicas split the batch
+            return False
+        takes = getattr(_registry.extension(self.backend.name, "training"), "takes_host_batches", None)
+        return bool(takes and takes(self.backend, self.program.device))
+
     def _place(self, batch: tuple[Any, Any]) -> tuple[Any, Any, int]:
-        """The batch on the device(s), split across replicas, and its global row count."""
+        """The batch on the device(s), split across replicas, and its global row count (numpy
+        batches as they are, for a step that places them itself: :meth:`_takes_host_batches`)."""
+        x, y = batch
+        if self._host_batches and isinstance(x, np.ndarray) and isinstance(y, np.ndarray):
+            return x, y, int(x.shape[0])
         x, y = self._on_device(batch)
         return (*self.replicas.place_batch(x, y), int(self.ops.shape(x)[0]))
 
@@ -699,6 +715,12 @@ class Trainer:
 
     def _float(self, value: Any) -> float:
         return float(self.ops.to_numpy(value))
+
+
+def _weighted(ops: Any, value: Any, weight: Any) -> Any:
+    """``value`` times this replica's share of the global batch; on one device (a share of
+    1.0) ``value`` itself, with no op run for it (PyTorch runs each op as it comes)."""
+    return value if isinstance(weight, float) and weight == 1.0 else ops.multiply(value, weight)
 
 
 def _rules(model: Any, loss: str | None, trained: Any) -> Rules:
