@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import random
 import statistics
 import time
 from collections.abc import Callable
@@ -87,18 +88,19 @@ def interleaved(
 ) -> dict[str, list[float]]:
     """Seconds per call of each side: ``samples`` rounds in which every side runs ``inner``
     calls in turn (after ``warmup`` calls each); stops early, after at least 3 rounds, once
-    ``budget`` seconds are spent. The order of the sides rotates from round to round: a call
-    right after another framework's can pay for it (a JAX call after ONNX Runtime's was
-    measured 1.06-1.28x slower at batch 1), and no side should always be the one that pays."""
+    ``budget`` seconds are spent. The order of the sides is shuffled each round (seeded): a
+    call right after another framework's can pay for it (a JAX call after ONNX Runtime's was
+    measured 1.06-1.28x slower at batch 1), and every side should follow every other equally
+    often (a fixed or rotated order makes one side follow it more often)."""
     for fn in sides.values():
         for _ in range(warmup):
             fn()
     times: dict[str, list[float]] = {name: [] for name in sides}
-    order = list(sides.items())
+    order, shuffle = list(sides.items()), random.Random(0).shuffle
     start = time.perf_counter()
     for round_ in range(samples):
-        turn = round_ % len(order)
-        for name, fn in order[turn:] + order[:turn]:
+        shuffle(order)
+        for name, fn in order:
             begin = time.perf_counter()
             for _ in range(inner):
                 fn()

@@ -81,7 +81,7 @@ def speed(names: list[str], sources: list[str], repeats: int) -> None:
 
     print(
         "imported = the zoo model exported from the backend and imported back onto it; ms per call, "
-        "median (min-max) of rounds taken in turns"
+        "median (min-max) of rounds of 10 calls, the sides in a shuffled order each round"
     )
     print(
         f"{'model':<12} {'backend':<11} {'batch':>5} {'imported ms':>20} {'zoo ms':>20} {'ORT ms':>20} "
@@ -108,7 +108,7 @@ def speed(names: list[str], sources: list[str], repeats: int) -> None:
                     "zoo": lambda: to_numpy(zoo(xin)),
                     "ort": lambda: session.run(None, {feed_name: x}),
                 }
-                times = interleaved(sides, samples=repeats, inner=1, warmup=3, budget=20)
+                times = interleaved(sides, samples=repeats, inner=10, warmup=3, budget=20)
                 print(
                     f"{name:<12} {source:<11} {batch:>5} {cell(times['imported'], 'ms'):>20} "
                     f"{cell(times['zoo'], 'ms'):>20} {cell(times['ort'], 'ms'):>20} "
