@@ -22,6 +22,9 @@ host copies, from which each keeps the rows of its own devices; params start as 
 process keeps only its own shards of the params and optimizer state (the same
 ``NamedSharding`` over the global mesh), and :meth:`Replicas.whole` all-gathers them, every
 process calling it, where code outside the step reads them (evaluation, weights, checkpoints).
+A ``data x model`` mesh across processes is the same: the grid is laid over every process's
+devices in process order (process ``r`` of ``d * m``, one device each, at row ``r // m``,
+column ``r % m``), so each process holds its part of each split weight and of its slots.
 """
 
 from __future__ import annotations
@@ -101,17 +104,17 @@ class Replicas(training.Replicas):
         return ShardedReplicas(self.backend, list(self.mesh.devices.flat))
 
     def tensor_parallel(self, data: int, model: int) -> TensorParallelReplicas:
-        if self.processes:
+        devices = list(self.mesh.devices.flat)  # across processes: every process's, in process order
+        if data * model != len(devices):  # launched processes with several devices each
             raise ConfigurationError(
                 message(
-                    "JAX splits layers over a mesh's 'model' axis on the devices of one process, not yet across "
-                    "processes started by xdevice launch",
-                    received=f"mesh={{'data': {data}, 'model': {model}}} in process {self.rank} of "
-                    f"{jax.process_count()}",
-                    fix="run one process with devices=[...] (all its devices), or drop the 'model' axis under launch",
+                    "A mesh with a 'model' axis lays out every device the processes hold, one grid cell each",
+                    expected=f"data * model == {len(devices)} (the devices of {jax.process_count()} processes)",
+                    received=f"mesh={{'data': {data}, 'model': {model}}}",
+                    fix=f"a mesh whose sizes multiply to {len(devices)}, or give each launched process one device",
                 )
             )
-        return TensorParallelReplicas(self.backend, list(self.mesh.devices.flat), data, model)
+        return TensorParallelReplicas(self.backend, devices, data, model)
 
 
 class ShardedReplicas(Replicas):

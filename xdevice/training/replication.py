@@ -15,9 +15,9 @@ and PyTorch in one process, refuse it by name, with the way that works.
 ``mesh={"data": 2, "model": 2}`` lays the devices out as a grid: the batch is split over
 ``data``, and the zoo transformers' attention and MLP layers over ``model`` (tensor
 parallelism, Megatron-LM's layout, ``xdevice.backends.training.tensor_parallel_axis``): JAX
-over ``devices=[...]`` in one process, PyTorch across the processes ``xdevice launch`` started
-(DTensor, ``d * m`` processes, one device each; in one process it refuses, with the launch line);
-TensorFlow refuses a ``model`` axis by name.
+over ``devices=[...]`` in one process or across the processes ``xdevice launch`` started (one
+global ``Mesh``), PyTorch across launched processes (DTensor; in one process it refuses, with the
+launch line), ``d * m`` processes of one device each; TensorFlow refuses a ``model`` axis by name.
 
 >>> r = replicate(backend="numpy")
 >>> r.place_batch([1, 2], [3, 4]), r.weight(None)
@@ -94,8 +94,8 @@ def replicate(
             a shard of the parameters, gradients and optimizer state).
         mesh: ``{"data": d, "model": m}`` (``d * m == len(devices)``, an axis left out is 1):
             the batch split ``d`` ways and, with ``m > 1``, the transformers' layers ``m`` ways
-            (tensor parallel: JAX over ``devices`` in one process, PyTorch across the processes
-            ``xdevice launch`` started, one device each, ``d * m`` of them); None:
+            (tensor parallel: JAX over ``devices`` in one process, JAX and PyTorch across the
+            processes ``xdevice launch`` started, one device each, ``d * m`` of them); None:
             ``{"data": len(devices)}``.
 
     Raises:
