@@ -27,6 +27,7 @@ import asyncio
 import collections
 import dataclasses
 import logging
+import math
 import statistics
 import time
 from collections.abc import Callable, Iterable
@@ -133,19 +134,23 @@ class Batcher:
         # PROBE runs the other way, a decision ... (see _measured)
         self.way, self.left, self.deciding, self.holding = "merged", PROBE, False, False
         self.batching = True  # the last decision
+        #: seconds the recent runs alone took (smoothed wall time; inf until the first)
+        self.recent = math.inf
         self.runs: dict[str, collections.deque[tuple[float, int]]] = {
             way: collections.deque(maxlen=PROBE) for way in ("merged", "single")
         }
 
-    async def submit(self, inputs: Arrays, timeout: float | EllipsisType | None = ...) -> Arrays:
+    async def submit(self, inputs: Arrays, timeout: float | EllipsisType | None = ..., inline: bool = False) -> Arrays:
         """The outputs for one request's ``inputs``, computed in a shared batch; ``timeout``:
-        seconds it may wait in the queue (default: the batcher's; None: no limit)."""
+        seconds it may wait in the queue (default: the batcher's; None: no limit). ``inline``:
+        while stepped aside, run on the calling thread (the event loop) rather than in
+        ``executor`` (the caller's choice: a lone request on a fast model, see ``recent``)."""
         loop = asyncio.get_running_loop()
         if not self.workers:
             self.wakeup, self.gathering = asyncio.Event(), asyncio.Lock()
             self.workers = [loop.create_task(self._work()) for _ in range(self.instances)]
         if self.measure and self.way == "single":
-            return await self._alone(inputs)
+            return await self._alone(inputs, inline)
         if self.max_queue_size and len(self.queue) >= self.max_queue_size:
             raise BadRequest(
                 message(
@@ -166,12 +171,19 @@ class Batcher:
         self.wakeup.set()
         return await pending.done
 
-    async def _alone(self, inputs: Arrays) -> Arrays:
-        """Run one request's ``inputs`` as it arrives, with no queue delay (stepped aside)."""
+    async def _alone(self, inputs: Arrays, inline: bool = False) -> Arrays:
+        """Run one request's ``inputs`` as it arrives, with no queue delay (stepped aside):
+        in ``executor``, or here where ``inline``."""
         arrived = time.perf_counter()
-        outputs, started, seconds = await asyncio.get_running_loop().run_in_executor(self.executor, self._timed, inputs)
+        if inline:
+            outputs, started, seconds = self._timed(inputs)
+        else:
+            running = asyncio.get_running_loop().run_in_executor(self.executor, self._timed, inputs)
+            outputs, started, seconds = await running
+        took = time.perf_counter() - started
         self.stats.queued(started - arrived)
-        self.stats.executed(next(iter(inputs.values())).shape[0], time.perf_counter() - started)
+        self.stats.executed(next(iter(inputs.values())).shape[0], took)
+        self.recent = took if self.recent == math.inf else 0.8 * self.recent + 0.2 * took
         self._measured("single", seconds, 1)
         return outputs
 

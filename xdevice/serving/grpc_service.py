@@ -232,21 +232,27 @@ def _parameters(parameters: Any) -> dict[str, Any]:
 
 
 def _request(request: Any) -> InferRequest:
-    """A ``ModelInferRequest`` as the protocol-neutral request (raw or typed contents)."""
+    """A ``ModelInferRequest`` as the protocol-neutral request (raw or typed contents). Each
+    field is read from the message once (every read of a protobuf field builds a Python
+    object), and a parameter map that is empty is not looked into."""
     raw = list(request.raw_input_contents)
-    regions = {t.name: input_region(t.name, _parameters(t.parameters)) for t in request.inputs}
-    inline = [t for t in request.inputs if regions[t.name] is None]
-    if raw and len(raw) != len(inline):
+    tensors = []
+    for tensor in request.inputs:
+        name, parameters = tensor.name, tensor.parameters
+        tensors.append((tensor, name, input_region(name, _parameters(parameters)) if parameters else None))
+    inline = sum(region is None for _, _, region in tensors)
+    if raw and len(raw) != inline:
         raise BadRequest(
             message(
                 "raw_input_contents must hold one entry per input not in shared memory",
-                expected=f"{len(inline)} entries",
+                expected=f"{inline} entries",
                 received=len(raw),
             )
         )
     inputs, datatypes, in_regions = {}, {}, {}
-    for tensor in request.inputs:
-        name, datatype, shape = tensor.name, tensor.datatype, tuple(tensor.shape)
+    position = 0  # of the next input not in shared memory: its raw_input_contents entry
+    for tensor, name, region in tensors:
+        datatype, shape = tensor.datatype, tuple(tensor.shape)
         if datatype not in FROM_V2:
             raise BadRequest(
                 message(f"Input {name!r} has an unknown datatype", received=datatype, choices=sorted(FROM_V2))
@@ -256,19 +262,32 @@ def _request(request: Any) -> InferRequest:
                 message(f"Input {name!r} has a bad shape", expected="non-negative dims", received=list(shape))
             )
         datatypes[name] = datatype
-        region = regions[name]
         if region is not None:
             in_regions[name] = (region, shape)
             continue
         inputs[name] = (
-            tensor_from_bytes(name, raw[inline.index(tensor)], datatype, shape, "raw_input_contents")
+            tensor_from_bytes(name, raw[position], datatype, shape, "raw_input_contents")
             if raw
             else _typed(name, tensor.contents, datatype, shape)
         )
-    parameters = _parameters(request.parameters)
-    outputs = [(o.name, True) for o in request.outputs] or None
-    options = {o.name: output_options(o.name, _parameters(o.parameters)) for o in request.outputs}
-    return InferRequest(request.id or None, inputs, datatypes, outputs, True, parameters, in_regions, options)
+        position += 1
+    parameters = request.parameters
+    outputs, options = [], {}
+    for output in request.outputs:
+        name, asked = output.name, output.parameters
+        outputs.append((name, True))
+        if asked:  # an output without parameters has no options (classification, region)
+            options[name] = output_options(name, _parameters(asked))
+    return InferRequest(
+        request.id or None,
+        inputs,
+        datatypes,
+        outputs or None,
+        True,
+        _parameters(parameters) if parameters else {},
+        in_regions,
+        options,
+    )
 
 
 def _typed(name: str, contents: Any, datatype: str, shape: tuple) -> np.ndarray:
@@ -301,14 +320,14 @@ def _response(
 ) -> Any:
     wanted = [name for name, _ in request.outputs] if request.outputs is not None else list(outputs)
     shared = [n for n in wanted if n in request.output_options and request.output_options[n].region is not None]
-    tensors, raw = [], []
+    response = service_pb2.ModelInferResponse(model_name=model, model_version=version, id=request_id)
+    tensors, raw = response.outputs, response.raw_output_contents  # filled in place: no message copied
     # outputs in shared memory go last, with no raw entry: raw_output_contents[i] is still the
     # i-th output's, the way tritonclient's InferResult counts them
     for name in [n for n in wanted if n not in shared] + shared:
         value = outputs[name]
         datatype = v2_datatype(value)
-        tensor = service_pb2.ModelInferResponse.InferOutputTensor(name=name, datatype=datatype, shape=list(value.shape))
-        tensors.append(tensor)
+        tensor = tensors.add(name=name, datatype=datatype, shape=value.shape)
         if name in shared:
             region = request.output_options[name].region
             assert region is not None  # shared lists only the outputs with a region
@@ -318,6 +337,4 @@ def _response(
                 tensor.parameters["shared_memory_offset"].int64_param = region.offset
             continue
         raw.append(encode_bytes(value) if datatype == "BYTES" else np.ascontiguousarray(value).tobytes())
-    return service_pb2.ModelInferResponse(
-        model_name=model, model_version=version, id=request_id, outputs=tensors, raw_output_contents=raw
-    )
+    return response

@@ -359,18 +359,21 @@ class Models:
         caller once the response is encoded (:meth:`finished`).
 
         The model runs on an instance thread, off the event loop; but a request that is
-        ``alone`` (no other in flight) on a model without a batcher whose recent runs took
-        under :data:`INLINE_BELOW` runs on the event loop itself: handing a 0.1 ms run to a
-        thread and back costs more than the run (two wake-ups and the GIL passed back and
-        forth), and with nothing else in flight there is no one for the loop to serve meanwhile.
+        ``alone`` (no other in flight) on a model whose recent runs took under
+        :data:`INLINE_BELOW` runs on the event loop itself, where the model has no batcher or
+        its batcher stepped aside (batching did not pay): handing a 0.1 ms run to a thread and
+        back costs more than the run (two wake-ups and the GIL passed back and forth), and with
+        nothing else in flight there is no one for the loop to serve meanwhile.
         """
         start = time.perf_counter()
         try:
             inputs = _check_request(loaded, request)
             timeout = _timeout(loaded.config, request)
             loaded.stats.phase("compute_input", time.perf_counter() - start)
-            if loaded.batcher is not None:
-                return await loaded.batcher.submit(inputs, timeout=timeout)
+            batcher = loaded.batcher
+            if batcher is not None:
+                inline = alone and batcher.recent < INLINE_BELOW and loaded.sessions is None
+                return await batcher.submit(inputs, timeout=timeout, inline=inline)
             if alone and loaded.recent < INLINE_BELOW and loaded.sessions is None:
                 return _run(loaded, inputs)
             return await asyncio.get_running_loop().run_in_executor(loaded.instances, _run, loaded, inputs)

@@ -533,10 +533,16 @@ def numpy_dtype(datatype: str) -> np.dtype:
 
 
 def v2_datatype(value: np.ndarray) -> str:
-    """The V2 datatype of an output array (strings and bytes: BYTES)."""
-    if value.dtype.kind in "OSU":
-        return "BYTES"
-    return V2_DATATYPES[value.dtype.name]
+    """The V2 datatype of an output array (strings and bytes: BYTES); remembered per dtype
+    (numpy works ``dtype.name`` out in Python each time, and every output asks)."""
+    dtype = value.dtype
+    found = _V2_OF.get(dtype)
+    if found is None:
+        found = _V2_OF[dtype] = "BYTES" if dtype.kind in "OSU" else V2_DATATYPES[dtype.name]
+    return found
+
+
+_V2_OF: dict[np.dtype, str] = {}
 
 
 def _to_bytes(value: np.ndarray, datatype: str) -> bytes:
