@@ -6,15 +6,16 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from xdevice import models
+from xdevice.converters import export
+from xdevice.converters.importer import from_onnx
+
 torch = pytest.importorskip("torch")
 pytest.importorskip("onnx", reason="ONNX import tests need onnx (pip install onnx)")
 
-from torch.fx.experimental.proxy_tensor import make_fx  # noqa: E402
+from torch.fx.experimental.proxy_tensor import make_fx  # noqa: E402  after the skip without torch
 
-from xdevice import models  # noqa: E402
-from xdevice.backends.torch.autodiff import fast_calls, simplify  # noqa: E402
-from xdevice.converters import export  # noqa: E402
-from xdevice.converters.importer import from_onnx  # noqa: E402
+from xdevice.backends.torch.autodiff import fast_calls, simplify  # noqa: E402  after the skip without torch
 
 
 def _block(x, w, b, mask):
