@@ -524,6 +524,8 @@ def _kernel(w: Array, perm: tuple[int, ...]) -> Array:
             kernel = tf.transpose(w, perm)
         forget = lambda _, key=key: _KERNELS.pop(key, None)
         held = _KERNELS[key] = (weakref.ref(w, forget), kernel)
+    if tf.executing_eagerly() and not record.could_possibly_record():
+        return held[1]  # eager, no tape: nothing to differentiate
     back = tuple(int(i) for i in np.argsort(perm))
 
     @tf.custom_gradient

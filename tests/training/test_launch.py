@@ -135,7 +135,13 @@ def test_without_a_backend_that_provides_a_process_launcher_the_launch_says_whic
 
 @pytest.mark.parametrize(
     "framework, processes",
-    [("torch", 2), pytest.param("torch", 3, marks=pytest.mark.realworld), ("jax", 2), ("tensorflow", 2)],
+    [
+        ("torch", 2),
+        pytest.param("torch", 3, marks=pytest.mark.realworld),
+        ("jax", 2),
+        # TensorFlow's workers start gRPC servers (38 s here): make test-models, with the TFJob launch
+        pytest.param("tensorflow", 2, marks=pytest.mark.realworld),
+    ],
 )
 def test_launched_processes_train_exactly_as_one(tmp_path, framework, processes):
     """torch: DistributedDataParallel over gloo (2-4 processes; 3: uneven slices of 16 rows);

@@ -54,8 +54,8 @@ def one_device(name: str):
     "name, mesh",
     [
         pytest.param("gpt2", {"data": 2, "model": 2}, id="gpt2-data2-model2"),
-        pytest.param("llama", {"model": 2}, id="llama-model2"),
-        # the other four: make test-models (each a compile of a 20-step fit on both sides)
+        # the other five: make test-models (each a compile of a 20-step fit on both sides)
+        pytest.param("llama", {"model": 2}, id="llama-model2", marks=pytest.mark.realworld),
         pytest.param("bert", {"data": 2, "model": 2}, id="bert-data2-model2", marks=pytest.mark.realworld),
         pytest.param("bert", {"model": 2}, id="bert-model2", marks=pytest.mark.realworld),
         pytest.param("gpt2", {"model": 2}, id="gpt2-model2", marks=pytest.mark.realworld),
