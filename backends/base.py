@@ -266,6 +266,11 @@ class Backend(abc.ABC):
         ``torch.export`` take as it is. A trace that needs concrete data raises."""
         return self.jit(fn)
 
+    def capture_for_calls(self, fn: Callable[..., Any], *example_args: Any) -> Callable[..., Any]:
+        """:meth:`capture` for a program that is only called, never handed out (an imported
+        model's per-call program): a backend may make it faster to call. By default the same."""
+        return self.capture(fn, *example_args)
+
     # -- native.py (optional: by default a zoo model's native form is a function) ---------
 
     def to_native(

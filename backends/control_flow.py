@@ -12,6 +12,11 @@ __all__ = ["ControlFlow"]
 class ControlFlow(Primitives):
     """``while_loop`` and ``cond`` of the op set."""
 
+    def compiles_loop(self, values: list) -> bool:
+        """Whether a loop of known trip count over ``values`` should run as one
+        :meth:`while_loop` rather than unrolled (the ONNX importer asks); no by default."""
+        return False
+
     def while_loop(
         self,
         condition: Callable[[tuple, tuple], Array],

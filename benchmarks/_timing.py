@@ -89,8 +89,8 @@ def interleaved(
     """Seconds per call of each side: ``samples`` rounds in which every side runs ``inner``
     calls in turn (after ``warmup`` calls each); stops early, after at least 3 rounds, once
     ``budget`` seconds are spent. The order of the sides is shuffled each round (seeded): a
-    call right after another framework's can pay for it (a JAX call after ONNX Runtime's was
-    measured 1.06-1.28x slower at batch 1), and every side should follow every other equally
+    call right after another framework's can pay for it (a JAX call right after ONNX
+    Runtime's, at batch 1), and every side should follow every other equally
     often (a fixed or rotated order makes one side follow it more often)."""
     for fn in sides.values():
         for _ in range(warmup):

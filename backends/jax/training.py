@@ -146,12 +146,12 @@ def program(backend: Any, model: Any, device: Device | None) -> Program:
 def takes_host_batches(backend: Any, device: Device) -> bool:
     """Whether the trainer hands its compiled step on ``device`` the numpy batches as they are.
 
-    ``jax.jit`` moves numpy arguments to where the step runs itself, in its C++ dispatch: about
-    40 us for a 64-row batch and its labels on a CPU, against about 300 us for ``jnp.asarray``
-    and ``device_put`` of each first (``benchmarks/fit_overhead.py``: 5% of the ``mlp``'s
-    step). Only on JAX's default device, and only a CPU: there a step runs where numpy
-    arguments land even when no parameter is committed to a device, and there is no copy to
-    run ahead of the step (a GPU's batches keep being placed, by the prefetcher's thread).
+    ``jax.jit`` moves numpy arguments to where the step runs itself, in its C++ dispatch, for
+    less than ``jnp.asarray`` and ``device_put`` of each first (``benchmarks/fit_overhead.py``
+    times ``fit`` against a hand-written jitted loop). Only on JAX's default device, and only
+    a CPU: there a step runs where numpy arguments land even when no parameter is committed
+    to a device, and there is no copy to run ahead of the step (a GPU's batches keep being
+    placed, by the prefetcher's thread).
     """
     native = backend.native_device(device)
     return native.platform == "cpu" and jax.config.jax_default_device is None and native == jax.devices()[0]

@@ -512,7 +512,8 @@ def _kernel(w: Array, perm: tuple[int, ...]) -> Array:
     """``transpose(w, perm)``: a conv weight (OIHW, the op set's layout) as TensorFlow's kernel
     (HWIO). An eager tensor never changes (a model's weights outside training are held so), so
     its kernel is made once and kept while it lives: a forward pass then relays no weights
-    (ResNet-50: 53 transposes a call, a tenth of its op time on CPU, otherwise). Training's
+    (ResNet-50: 53 transposes a call otherwise; ``benchmarks/zoo_real.py --models resnet50
+    --frameworks tensorflow --measure forward`` times it against keras-hub's). Training's
     variables change every step and are transposed in the step. The kept kernel is returned
     with the transpose's gradient, so a tape or ``tf.gradients`` still reaches ``w``."""
     if not isinstance(w, EagerTensor):

@@ -114,12 +114,12 @@ def fast_calls(program: torch.fx.GraphModule) -> int:
     """Call the common aten ops of a captured graph through torch's own Python bindings
     (``torch.add``, ``Tensor.view``), in place; returns how many nodes now do. A captured
     graph calls ``torch.ops.aten.add.Tensor``: an ``OpOverload``, whose Python ``__call__`` and
-    attribute chain cost about 2-3x a ``torch.add`` call (measured 8.3 vs 2.3 us for one small
-    add): at batch 1 that dispatch is most of an imported model's time (the zoo transformer
-    runs about 120 ops per call). Each binding below takes the overload's arguments as they
-    are and, given arguments of the types the trace recorded, dispatches to that same
-    overload; ops not listed keep their ``OpOverload``. Run it after :func:`simplify`, which
-    reads aten targets."""
+    attribute chain cost more than a ``torch.add`` call: at batch 1 that dispatch is most of an
+    imported model's time (the zoo transformer runs about 120 ops per call; its row of
+    ``benchmarks/convert.py`` compares the imported model with the zoo's). Each binding below
+    takes the overload's arguments as they are and, given arguments of the types the trace
+    recorded, dispatches to that same overload; ops not listed keep their ``OpOverload``. Run
+    it after :func:`simplify`, which reads aten targets."""
     found = 0
     for node in program.graph.nodes:
         fast = _FAST.get(node.target) if node.op == "call_function" else None

@@ -262,10 +262,10 @@ class ImportedModel:
                 program = self.backend.capture(self.apply, self.params, *placed)
             else:
                 skip, prepared = frozenset(self._prepare), dict(self._prepared_inputs)
-                # a program only called, never handed out: a backend may capture it for speed
-                # (PyTorch calls its ops through torch's bindings, not aten overloads)
-                capture = getattr(self.backend, "capture_for_calls", self.backend.capture)
-                program = capture(lambda w, *xs: self._run(w, xs, skip, prepared), weights, *placed)
+                # only called, never handed out (PyTorch calls its ops through torch's bindings)
+                program = self.backend.capture_for_calls(
+                    lambda w, *xs: self._run(w, xs, skip, prepared), weights, *placed
+                )
             if key is not None:
                 if len(self._programs) >= _PLANS:
                     self._programs.clear()

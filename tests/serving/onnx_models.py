@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 
 W = np.random.default_rng(0).normal(size=(4, 3)).astype(np.float32)
@@ -90,3 +92,16 @@ def write_model(root, name, model, versions=(1, 2), config=None):
         )
     if config is not None:
         (root / name / "config.pbtxt").write_text(config)
+
+
+def record_threads(owner) -> list[str]:
+    """Make ``owner.run`` (a loaded model's or a batcher's) record the name of the thread each
+    call runs on, in the list returned, and run as before."""
+    ran_on, run = [], owner.run
+
+    def recording(inputs):
+        ran_on.append(threading.current_thread().name)
+        return run(inputs)
+
+    owner.run = recording
+    return ran_on

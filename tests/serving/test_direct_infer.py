@@ -12,7 +12,7 @@ import numpy as np
 import orjson
 import pytest
 
-from .onnx_models import BATCHED, B, W, dense_model, write_model
+from .onnx_models import BATCHED, B, W, dense_model, record_threads, write_model
 
 X = np.arange(4, dtype=np.float32).reshape(1, 4)
 BODY = orjson.dumps({"inputs": [{"name": "x", "shape": [1, 4], "datatype": "FP32", "data": X.ravel().tolist()}]})
@@ -128,13 +128,7 @@ def test_a_lone_request_on_a_fast_model_whose_batcher_stepped_aside_runs_on_the_
     plane = app.state.dataplane
     loaded = plane.models.get("batched")
     batcher = loaded.batcher
-    ran_on, run = [], batcher.run
-
-    def recording(inputs):
-        ran_on.append(threading.current_thread().name)
-        return run(inputs)
-
-    batcher.run = recording
+    ran_on = record_threads(batcher)
 
     async def infer():
         return await plane.infer("batched", None, _decoded(decode_request), lambda *answer: answer[2])

@@ -10,7 +10,7 @@ import numpy as np
 import orjson
 import pytest
 
-from .onnx_models import B, W, dense_model, write_model
+from .onnx_models import B, W, dense_model, record_threads, write_model
 
 X = np.arange(8, dtype=np.float32).reshape(2, 4)
 BODY = orjson.dumps({"inputs": [{"name": "x", "shape": [2, 4], "datatype": "FP32", "data": X.ravel().tolist()}]})
@@ -31,13 +31,7 @@ def _threads_that_ran(plane, requests: int, together: bool) -> tuple[list[str], 
     from xdevice.serving.protocol import decode_request
 
     loaded = plane.models.get("dense")
-    ran_on, run = [], loaded.run
-
-    def recording(inputs):
-        ran_on.append(threading.current_thread().name)
-        return run(inputs)
-
-    loaded.run = recording
+    ran_on = record_threads(loaded)
 
     async def one():
         async def decode():

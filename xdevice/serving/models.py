@@ -190,9 +190,7 @@ class Models:
         one_thread = self.session_options.get("threads") == 1 and not (config.device or "").startswith("gpu")
         if config.dynamic_batching:
             batcher = Batcher(
-                # checks again what was checked per request: the batcher's cost measurements
-                # (merged against alone) were tuned with that per-run cost included
-                (sessions or session).run,
+                (sessions or session).run_checked,  # as Loaded.run: each request was checked
                 max_batch_size=config.max_batch_size,
                 max_queue_delay=config.max_queue_delay_us / 1e6,
                 executor=instances,
