@@ -24,15 +24,17 @@ imported), pinned to ``--threads`` threads; the two sides take turns call by cal
 median (min-max) ms and the ratio zoo / canonical of the medians (with the per-round spread).
 A configuration smaller than the real one is marked ``REDUCED`` in the output.
 
-``--apart`` (torch, training step): each side runs in a process of its own, the two in turns,
-one process per side per round (after ``--warmup`` steps in it), for models whose two sides
-do not fit in memory together: llama's training step at all 16 blocks needs 11.8 GiB a side
-(``xdevice estimate-memory llama --batch 8 --optimizer sgd``). Both load the same
-``save_pretrained`` folder, written once. Run:
+``--apart`` (training step): each side runs in a process of its own, the two in turns, one
+process per side per round (after ``--warmup`` steps in it), for models whose two sides do not
+fit in memory together: llama's training step at all 16 blocks needs 11.8 GiB a side
+(``xdevice estimate-memory llama --batch 8 --optimizer sgd``). On torch both sides load the same
+``save_pretrained`` folder, written once; on JAX and TensorFlow the zoo side builds seed 0's
+weights and keras-hub's backbone its own random ones, as without ``--apart``. Run:
 
     .venv/bin/python benchmarks/zoo_real.py [--models bert gpt2] [--frameworks torch jax]
         [--size real|small] [--llama-layers 2] [--measure forward train generate] [--repeats 3] [--threads 1]
-    .venv/bin/python benchmarks/zoo_real.py --models llama --frameworks torch --measure train --apart --repeats 2
+    .venv/bin/python benchmarks/zoo_real.py --models llama --frameworks torch tensorflow --measure train \\
+        --apart --repeats 2
 """
 
 from __future__ import annotations
@@ -57,6 +59,13 @@ HF_CLASS = {
     "bert": "BertModel",
     "gpt2": "GPT2LMHeadModel",
     "llama": "LlamaForCausalLM",
+}
+KERAS_CLASS = {
+    "resnet50": "ResNetBackbone",
+    "vit": "ViTBackbone",
+    "bert": "BertBackbone",
+    "gpt2": "GPT2Backbone",
+    "llama": "LlamaBackbone",
 }
 HF_NO_DROPOUT = {  # training steps compare the same math: no dropout on either side
     "vit": {"hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0},
@@ -218,20 +227,46 @@ def torch_worker(args: argparse.Namespace) -> None:
             generation_row("torch", "transformers generate", zoo_t, hf_t, args, same_tokens, prompt.shape[1])
 
 
-def torch_train_apart(args: argparse.Namespace) -> None:
-    """The training step of each model with each side in processes of its own (``--apart``)."""
-    for name in args.models:
-        with tempfile.TemporaryDirectory() as folder:
+def train_apart(args: argparse.Namespace) -> None:
+    """The training step of each model with each side in processes of its own (``--apart``),
+    on each framework asked for: torch's two sides load one ``save_pretrained`` folder, written
+    first; JAX's and TensorFlow's zoo side builds seed 0's weights, keras-hub's its own."""
+    for framework in args.frameworks:
+        canonical = {"torch": "transformers", "jax": "keras-hub", "tensorflow": "keras-hub"}[framework]
+        env = dict(os.environ, KERAS_BACKEND=framework, TF_CPP_MIN_LOG_LEVEL="2")
+        for name in args.models:
             _, note = spec_of(name, args)
-            worker = [sys.executable, __file__, "--worker", "torch", "--weights", folder, *sys.argv[1:]]
-            subprocess.run([*worker, "--side", "save"], check=True)
-            times: dict[str, list[float]] = {"zoo": [], "canonical": []}
-            for _ in range(args.repeats):
-                for side in times:
-                    done = subprocess.run([*worker, "--side", side], check=True, stdout=subprocess.PIPE, text=True)
-                    times[side].append(float(done.stdout.split()[-1]))
-        apart_note = f"each side in its own process, {args.warmup} warm-up step(s) per process"
-        row(name, "torch", f"transformers {HF_CLASS[name]}", None, tuple(times.values()), note, apart_note)
+            with tempfile.TemporaryDirectory() as folder:
+                worker = [sys.executable, __file__, *sys.argv[1:], "--models", name]
+                worker += ["--worker", framework, "--weights", folder]
+                if framework == "torch":
+                    subprocess.run([*worker, "--side", "save"], check=True, env=env)
+                times: dict[str, list[float]] = {"zoo": [], "canonical": []}
+                for _ in range(args.repeats):
+                    for side in times:
+                        done = subprocess.run(
+                            [*worker, "--side", side], check=True, stdout=subprocess.PIPE, text=True, env=env
+                        )
+                        times[side].append(float(done.stdout.split()[-1]))
+            what = HF_CLASS[name] if framework == "torch" else KERAS_CLASS[name]
+            apart_note = f"each side in its own process, {args.warmup} warm-up step(s) per process"
+            row(name, framework, f"{canonical} {what}", None, tuple(times.values()), note, apart_note)
+
+
+def keras_side(args: argparse.Namespace) -> None:
+    """One side of ``--apart`` on JAX or TensorFlow in this process: ``--warmup`` training
+    steps, then one timed; prints its seconds."""
+    import time
+
+    (name,) = args.models
+    _, data, _ = spec_and_inputs(name, args)
+    sides = {"jax": jax_sides, "tensorflow": tensorflow_sides}[args.worker]
+    _, step, _ = sides(name, data, (args.side,), args)[args.side]
+    for _ in range(args.warmup):
+        step()
+    begin = time.perf_counter()
+    step()
+    print(time.perf_counter() - begin, flush=True)
 
 
 def torch_side(args: argparse.Namespace) -> None:
@@ -401,144 +436,187 @@ def keras_output(name: str, out, head):
     return ops.matmul(out, head)  # gpt2, llama: the tied projection, embedding transposed
 
 
-def keras_pairs(framework: str, args: argparse.Namespace):
-    """``(name, zoo model, note, inputs, keras-hub backbone parts)`` for each model asked for,
-    on ``framework`` (jax or tensorflow); a configuration keras-hub refuses is said and skipped."""
-    for name in args.models:
-        model, note = zoo_model(name, framework, args)
-        data = inputs_of(name, model.spec)
-        try:
-            backbone = keras_backbone(name, model.spec)
-        except ValueError as error:  # keras-hub's ResNet insists on a 64-filter first stage
-            print(f"{name:<9} {framework_name()} keras-hub refuses this configuration: {error}", flush=True)
-            continue
-        yield name, model, note, data, backbone
+class KerasRefuses(Exception):
+    """keras-hub refuses the configuration asked for (its ResNet insists on a 64-filter first stage)."""
 
 
-def jax_worker(args: argparse.Namespace) -> None:
+def keras_backbone_of(name: str, spec: dict):
+    try:
+        return keras_backbone(name, spec)
+    except ValueError as error:
+        raise KerasRefuses(str(error)) from error
+
+
+def spec_and_inputs(name: str, args: argparse.Namespace) -> tuple[dict, dict, str]:
+    """The model's configuration (defaults and ``--size`` / ``--llama-layers``), its inputs and
+    the note saying how it differs from the real one."""
+    from xdevice.models import definition
+
+    overrides, note = spec_of(name, args)
+    spec = {**definition(name).DEFAULTS, **overrides}
+    return spec, inputs_of(name, spec), note
+
+
+def jax_sides(name: str, data: dict, sides: tuple[str, ...], args: argparse.Namespace) -> dict:
+    """``{side: (forward, training step, backbone)}`` on JAX for each of ``sides`` ("zoo",
+    "canonical"), each built only when asked (``--apart`` builds one per process)."""
     import jax
     import jax.numpy as jnp
 
     from xdevice.models import definition
 
-    for name, model, note, data, (backbone, keras_in, features, classes) in keras_pairs("jax", args):
-        spec, apply, ops = model.spec, definition(name).apply, model.ops
-        head = jnp.asarray(head_of(name, spec, features, classes))
+    spec, _, _ = spec_and_inputs(name, args)
+    labels = None if data["labels"] is None else jnp.asarray(data["labels"])
+
+    def loss_of(out):
+        if labels is None:
+            return jnp.mean(out**2)
+        logp = jax.nn.log_softmax(out.reshape(-1, out.shape[-1]))
+        return -jnp.mean(jnp.take_along_axis(logp, labels.reshape(-1, 1), 1))
+
+    built = {}
+    if "zoo" in sides:
+        model, _ = zoo_model(name, "jax", args)
+        apply, ops, params = definition(name).apply, model.ops, dict(model.params)
         x = jnp.asarray(data["x"])
         extra = {} if name in IMAGES else {"attention_mask": jnp.asarray(data["mask"])}
+        zoo_f = jax.jit(lambda p, x, extra: apply(ops, p, x, spec=model.spec, **extra))
+        frozen = {k: v for k, v in params.items() if k not in model.trainable}
+
+        @jax.jit
+        def zoo_step(trainable, x, extra):
+            def loss(t):
+                out, _ = apply(ops, {**frozen, **t}, x, spec=model.spec, train=True, **extra)
+                return loss_of(out)
+
+            grads = jax.grad(loss)(trainable)
+            return jax.tree_util.tree_map(lambda p, g: p - LR * g, trainable, grads)
+
+        zoo_state = {k: params[k] for k in model.trainable}
+
+        def zoo_train():
+            nonlocal zoo_state
+            zoo_state = jax.block_until_ready(zoo_step(zoo_state, x, extra))
+
+        built["zoo"] = (lambda: zoo_f(params, x, extra).block_until_ready(), zoo_train, model)
+    if "canonical" in sides:
+        backbone, keras_in, features, classes = keras_backbone_of(name, spec)
+        head = jnp.asarray(head_of(name, spec, features, classes))
         k_in = jax.tree_util.tree_map(jnp.asarray, keras_in(data))
         tv = [v.value for v in backbone.trainable_variables]
         ntv = [v.value for v in backbone.non_trainable_variables]
-        zoo_f = jax.jit(lambda p, x, extra: apply(ops, p, x, spec=spec, **extra))
         keras_f = jax.jit(lambda tv, ntv, inp, head: keras_output(name, backbone.stateless_call(tv, ntv, inp)[0], head))
-        params = dict(model.params)
-        zoo_fwd = lambda: zoo_f(params, x, extra).block_until_ready()
-        keras_fwd = lambda: keras_f(tv, ntv, k_in, head).block_until_ready()
+
+        @jax.jit
+        def keras_step(tv, ntv, inp, head):
+            def loss(tv, head):
+                out, _ = backbone.stateless_call(tv, ntv, inp, training=True)
+                return loss_of(keras_output(name, out, head))
+
+            grads = jax.grad(loss, (0, 1))(tv, head)
+            return jax.tree_util.tree_map(lambda p, g: p - LR * g, (tv, head), grads)
+
+        keras_state = (tv, head)
+
+        def keras_train():
+            nonlocal keras_state
+            keras_state = jax.block_until_ready(keras_step(keras_state[0], ntv, k_in, keras_state[1]))
+
+        built["canonical"] = (lambda: keras_f(tv, ntv, k_in, head).block_until_ready(), keras_train, backbone)
+    return built
+
+
+def jax_worker(args: argparse.Namespace) -> None:
+    import jax
+
+    for name in args.models:
+        _, data, note = spec_and_inputs(name, args)
+        try:
+            sides = jax_sides(name, data, ("zoo", "canonical"), args)
+        except KerasRefuses as error:
+            print(f"{name:<9} jax keras-hub refuses this configuration: {error}", flush=True)
+            continue
+        (zoo_fwd, zoo_train, model), (keras_fwd, keras_train, backbone) = sides["zoo"], sides["canonical"]
         shape_ok = zoo_fwd().shape == keras_fwd().shape
         fwd = timed({"zoo": zoo_fwd, "canonical": keras_fwd}, args) if "forward" in args.measure else None
-
-        train = None
-        if "train" in args.measure:
-            labels = None if data["labels"] is None else jnp.asarray(data["labels"])
-
-            def loss_of(out):
-                if labels is None:
-                    return jnp.mean(out**2)
-                logp = jax.nn.log_softmax(out.reshape(-1, out.shape[-1]))
-                return -jnp.mean(jnp.take_along_axis(logp, labels.reshape(-1, 1), 1))
-
-            trainable = {k: params[k] for k in model.trainable}
-            frozen = {k: v for k, v in params.items() if k not in trainable}
-
-            @jax.jit
-            def zoo_step(trainable, x, extra):
-                def loss(t):
-                    out, _ = apply(ops, {**frozen, **t}, x, spec=spec, train=True, **extra)
-                    return loss_of(out)
-
-                grads = jax.grad(loss)(trainable)
-                return jax.tree_util.tree_map(lambda p, g: p - LR * g, trainable, grads)
-
-            @jax.jit
-            def keras_step(tv, ntv, inp, head):
-                def loss(tv, head):
-                    out, _ = backbone.stateless_call(tv, ntv, inp, training=True)
-                    return loss_of(keras_output(name, out, head))
-
-                grads = jax.grad(loss, (0, 1))(tv, head)
-                return jax.tree_util.tree_map(lambda p, g: p - LR * g, (tv, head), grads)
-
-            state = {"zoo": trainable, "keras": (tv, head)}
-
-            def zoo_train():
-                state["zoo"] = jax.block_until_ready(zoo_step(state["zoo"], x, extra))
-
-            def keras_train():
-                state["keras"] = jax.block_until_ready(keras_step(*state["keras"][:1], ntv, k_in, state["keras"][1]))
-
-            train = timed({"zoo": zoo_train, "canonical": keras_train}, args)
+        train = timed({"zoo": zoo_train, "canonical": keras_train}, args) if "train" in args.measure else None
         row(name, "jax", f"keras-hub {type(backbone).__name__}", fwd, train, note, same_shape(shape_ok))
 
         if name == "gpt2" and "generate" in args.measure:
-            prompt = x[: args.gen_batch, : prompt_length(spec, args)]
+            prompt = jax.numpy.asarray(data["x"])[: args.gen_batch, : prompt_length(model.spec, args)]
             zoo_gen = lambda: jax.block_until_ready(model.generate(prompt, max_new_tokens=args.new_tokens))
             zoo_t, _ = timed({"zoo": zoo_gen, "none": lambda: None}, args)
             generation_row("jax", "", zoo_t, None, args, True, prompt.shape[1])
 
 
-def tensorflow_worker(args: argparse.Namespace) -> None:
+def tensorflow_sides(name: str, data: dict, sides: tuple[str, ...], args: argparse.Namespace) -> dict:
+    """``{side: (forward, training step, backbone)}`` on TensorFlow, as :func:`jax_sides`."""
     import tensorflow as tf
 
     from xdevice.models import definition
 
-    for name, model, note, data, (backbone, keras_in, features, classes) in keras_pairs("tensorflow", args):
-        spec, apply, ops = model.spec, definition(name).apply, model.ops
-        head = tf.Variable(head_of(name, spec, features, classes))
+    spec, _, _ = spec_and_inputs(name, args)
+    labels = None if data["labels"] is None else tf.constant(data["labels"].reshape(-1))
+
+    def loss_of(out):
+        if labels is None:
+            return tf.reduce_mean(tf.square(out))
+        flat = tf.reshape(out, (-1, out.shape[-1]))
+        return tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(labels, flat))
+
+    def sgd(grads, targets):
+        for g, v in zip(grads, targets):
+            if g is not None:  # a weight the output does not use (BERT's pooler)
+                v.assign_sub(LR * tf.convert_to_tensor(g))
+
+    built = {}
+    if "zoo" in sides:
+        model, _ = zoo_model(name, "tensorflow", args)
+        apply, ops, params = definition(name).apply, model.ops, dict(model.params)
         x = tf.constant(data["x"])
         extra = {} if name in IMAGES else {"attention_mask": tf.constant(data["mask"])}
+        zoo_f = tf.function(lambda x, extra: apply(ops, params, x, spec=model.spec, **extra))
+        variables = {k: tf.Variable(params[k]) for k in model.trainable}
+        frozen = {k: v for k, v in params.items() if k not in variables}
+
+        @tf.function
+        def zoo_step():
+            with tf.GradientTape() as tape:
+                out, _ = apply(ops, {**frozen, **variables}, x, spec=model.spec, train=True, **extra)
+                loss = loss_of(out)
+            targets = list(variables.values())
+            sgd(tape.gradient(loss, targets), targets)
+
+        built["zoo"] = (lambda: zoo_f(x, extra).numpy(), zoo_step, model)
+    if "canonical" in sides:
+        backbone, keras_in, features, classes = keras_backbone_of(name, spec)
+        head = tf.Variable(head_of(name, spec, features, classes))
         k_in = tf.nest.map_structure(tf.constant, keras_in(data))
-        params = dict(model.params)
-        zoo_f = tf.function(lambda x, extra: apply(ops, params, x, spec=spec, **extra))
         keras_f = tf.function(lambda inp: keras_output(name, backbone(inp, training=False), head))
-        zoo_fwd = lambda: zoo_f(x, extra).numpy()
-        keras_fwd = lambda: keras_f(k_in).numpy()
+
+        @tf.function
+        def keras_step():
+            with tf.GradientTape() as tape:
+                loss = loss_of(keras_output(name, backbone(k_in, training=True), head))
+            targets = list(backbone.trainable_variables) + [head]
+            sgd(tape.gradient(loss, targets), targets)
+
+        built["canonical"] = (lambda: keras_f(k_in).numpy(), keras_step, backbone)
+    return built
+
+
+def tensorflow_worker(args: argparse.Namespace) -> None:
+    for name in args.models:
+        _, data, note = spec_and_inputs(name, args)
+        try:
+            sides = tensorflow_sides(name, data, ("zoo", "canonical"), args)
+        except KerasRefuses as error:
+            print(f"{name:<9} tensorflow keras-hub refuses this configuration: {error}", flush=True)
+            continue
+        (zoo_fwd, zoo_train, _), (keras_fwd, keras_train, backbone) = sides["zoo"], sides["canonical"]
         shape_ok = zoo_fwd().shape == keras_fwd().shape
         fwd = timed({"zoo": zoo_fwd, "canonical": keras_fwd}, args) if "forward" in args.measure else None
-
-        train = None
-        if "train" in args.measure:
-            labels = None if data["labels"] is None else tf.constant(data["labels"].reshape(-1))
-
-            def loss_of(out):
-                if labels is None:
-                    return tf.reduce_mean(tf.square(out))
-                flat = tf.reshape(out, (-1, out.shape[-1]))
-                return tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(labels, flat))
-
-            variables = {k: tf.Variable(params[k]) for k in model.trainable}
-            frozen = {k: v for k, v in params.items() if k not in variables}
-
-            def sgd(grads, targets):
-                for g, v in zip(grads, targets):
-                    if g is not None:  # a weight the output does not use (BERT's pooler)
-                        v.assign_sub(LR * tf.convert_to_tensor(g))
-
-            @tf.function
-            def zoo_step():
-                with tf.GradientTape() as tape:
-                    out, _ = apply(ops, {**frozen, **variables}, x, spec=spec, train=True, **extra)
-                    loss = loss_of(out)
-                targets = list(variables.values())
-                sgd(tape.gradient(loss, targets), targets)
-
-            @tf.function
-            def keras_step():
-                with tf.GradientTape() as tape:
-                    loss = loss_of(keras_output(name, backbone(k_in, training=True), head))
-                targets = list(backbone.trainable_variables) + [head]
-                sgd(tape.gradient(loss, targets), targets)
-
-            train = timed({"zoo": zoo_step, "canonical": keras_step}, args)
+        train = timed({"zoo": zoo_train, "canonical": keras_train}, args) if "train" in args.measure else None
         row(name, "tensorflow", f"keras-hub {type(backbone).__name__}", fwd, train, note, same_shape(shape_ok))
 
 
@@ -550,10 +628,6 @@ def head_of(name: str, spec: dict, features, classes) -> np.ndarray:
     if name in LANGUAGE:
         return (rng.standard_normal((spec["width"], spec["vocab"])) * 0.02).astype(np.float32)
     return np.zeros((1, 1), np.float32)
-
-
-def framework_name() -> str:
-    return os.environ.get("KERAS_BACKEND", "")
 
 
 def same_shape(ok: bool) -> str:
@@ -582,16 +656,16 @@ def main() -> None:
     parser.add_argument("--gen-prompt", type=int, default=32)
     parser.add_argument("--new-tokens", type=int, default=32)
     parser.add_argument("--threads", type=int, default=1, help=THREADS_HELP)
-    parser.add_argument("--apart", action="store_true", help="torch training step: each side in its own process")
+    parser.add_argument("--apart", action="store_true", help="training step: each side in processes of its own")
     parser.add_argument("--worker", choices=FRAMEWORKS, help=argparse.SUPPRESS)
     parser.add_argument("--side", choices=("save", "zoo", "canonical"), help=argparse.SUPPRESS)
     parser.add_argument("--weights", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if args.apart and (args.frameworks != ["torch"] or args.measure != ["train"]):
-        parser.error("--apart measures the torch training step alone: add --frameworks torch --measure train")
+    if args.apart and args.measure != ["train"]:
+        parser.error("--apart measures the training step alone: add --measure train")
     if args.side:
-        print(pin_threads(args.threads, frameworks=("torch",)), file=sys.stderr, flush=True)
-        torch_side(args)
+        print(pin_threads(args.threads, frameworks=(args.worker,)), file=sys.stderr, flush=True)
+        torch_side(args) if args.worker == "torch" else keras_side(args)
         return
     if args.worker:
         print(pin_threads(args.threads, frameworks=(args.worker,)), file=sys.stderr, flush=True)
@@ -606,7 +680,7 @@ def main() -> None:
     )
     header()
     if args.apart:
-        torch_train_apart(args)
+        train_apart(args)
         return
     for framework in args.frameworks:
         command = [sys.executable, __file__, "--worker", framework] + sys.argv[1:]
