@@ -1,8 +1,8 @@
 """JAX's tensor parallel (``mesh={"model": 2}``, ``{"data": 2, "model": 2}``) across processes
 started by ``xdevice launch`` on loopback (``jax.distributed``, one CPU device each, one global
-``Mesh`` with axes ("data", "model")): the zoo gpt2 trains as one process does for 20 steps,
-each process holding its part of each split weight and of its Adam slots, the part of its column
-of the grid; ``weights()`` and ``save`` all-gather the whole arrays."""
+``Mesh`` with axes ("data", "model")): the zoo's bert, gpt2 and llama (small, one block) train as
+one process does for 20 steps, each process holding its part of each split weight and of its Adam
+slots, the part of its column of the grid; ``weights()`` and ``save`` all-gather the whole arrays."""
 
 from __future__ import annotations
 
@@ -19,8 +19,20 @@ from xdevice.training import checkpoint
 pytest.importorskip("jax")
 
 STEPS = 20
-#: the split layers each process should hold a part of: (name, the axis split)
-SPLIT = {"block0.attn.qkv.weight": 1, "block0.attn.qkv.bias": 0, "block0.mlp.fc2.weight": 0}
+#: the zoo's small sizes with one block; bert trains its last hidden state towards random targets (mse)
+SIZES = {"bert": {"pooler": False, "layers": 1}, "gpt2": {"blocks": 1}, "llama": {"blocks": 1}}
+#: per model, split layers each process should hold a part of: {name: the axis split}
+SPLIT = {
+    "bert": {"layer0.attn.qkv.weight": 1, "layer0.attn.qkv.bias": 0, "layer0.mlp.fc2.weight": 0},
+    "gpt2": {"block0.attn.qkv.weight": 1, "block0.attn.qkv.bias": 0, "block0.mlp.fc2.weight": 0},
+    # llama's query, key and value are three layers; the key has kv_heads (2) heads, one per process
+    "llama": {
+        "block0.attn.q.weight": 1,
+        "block0.attn.k.weight": 1,
+        "block0.mlp.gate.weight": 1,
+        "block0.mlp.down.weight": 0,
+    },
+}
 
 SCRIPT = textwrap.dedent("""
     import json, sys
@@ -30,14 +42,17 @@ SCRIPT = textwrap.dedent("""
     from xdevice.training.launch import world
     xdevice.join_processes("jax")  # before building the model: JAX joins before computing
 
-    folder, mesh = sys.argv[1], json.loads(sys.argv[2])
+    folder, name, sizes, mesh = sys.argv[1], sys.argv[2], json.loads(sys.argv[3]), json.loads(sys.argv[4])
     rank, size = world()
-    model = models.build("gpt2", backend="jax", **{**models.definition("gpt2").SMALL, "blocks": 1}, seed=0)
+    model = models.build(name, backend="jax", **{**models.definition(name).SMALL, **sizes}, seed=0)
     rng = np.random.default_rng(0)
     x = rng.integers(0, model.spec["vocab"], size=(20 * 4, 8)).astype("int32")
-    y = np.roll(x, -1, axis=1).astype("int64")  # the next token
+    if name == "bert":  # its last hidden state, towards random targets
+        y, loss = rng.normal(size=(20 * 4, 8, model.spec["width"])).astype("float32"), "mse"
+    else:
+        y, loss = np.roll(x, -1, axis=1).astype("int64"), "cross_entropy"  # the next token
     # eps=1e-6: see tests/training/test_tensor_parallel.py (the key bias's rounding-noise gradient)
-    trainer = Trainer(model, "cross_entropy", "adam", lr=1e-3, eps=1e-6, mesh=mesh if size > 1 else None)
+    trainer = Trainer(model, loss, "adam", lr=1e-3, eps=1e-6, mesh=mesh if size > 1 else None)
     history = trainer.fit((x, y), epochs=1, batch_size=4, verbose=0, seed=0)
 
     def held(value):  # the piece of value on this process's one device: where it starts, its shape
@@ -59,10 +74,10 @@ SCRIPT = textwrap.dedent("""
 """)
 
 
-def start(tmp_path, mesh: dict, *launch: str) -> subprocess.Popen:
+def start(tmp_path, name: str, mesh: dict, *launch: str) -> subprocess.Popen:
     script = tmp_path / "train.py"
     script.write_text(SCRIPT)
-    command = [sys.executable, *launch, str(script), str(tmp_path), json.dumps(mesh)]
+    command = [sys.executable, *launch, str(script), str(tmp_path), name, json.dumps(SIZES[name]), json.dumps(mesh)]
     return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
@@ -72,18 +87,20 @@ def finish(started: subprocess.Popen) -> None:
 
 
 @pytest.mark.parametrize(
-    "mesh",
+    "name, mesh",
     [
-        # make test-models: each starts three or five processes and compiles gpt2 in each
-        pytest.param({"model": 2}, id="gpt2-model2", marks=pytest.mark.realworld),
-        pytest.param({"data": 2, "model": 2}, id="gpt2-data2-model2", marks=pytest.mark.realworld),
+        # make test-models: each starts three or five processes and compiles the model in each
+        pytest.param("gpt2", {"model": 2}, id="gpt2-model2", marks=pytest.mark.realworld),
+        pytest.param("gpt2", {"data": 2, "model": 2}, id="gpt2-data2-model2", marks=pytest.mark.realworld),
+        pytest.param("bert", {"model": 2}, id="bert-model2", marks=pytest.mark.realworld),
+        pytest.param("llama", {"model": 2}, id="llama-model2", marks=pytest.mark.realworld),
     ],
 )
-def test_a_model_axis_across_jax_processes_trains_as_one_process_with_a_part_of_each_split_weight(tmp_path, mesh):
+def test_a_model_axis_across_jax_processes_trains_as_one_process_with_a_part_of_each_split_weight(tmp_path, name, mesh):
     model = mesh["model"]
     processes = mesh.get("data", 1) * model
-    alone = start(tmp_path, mesh)  # one process, one device: the reference, beside the launched ones
-    launched = start(tmp_path, mesh, "-m", "xdevice", "launch", "--nproc-per-node", str(processes))
+    alone = start(tmp_path, name, mesh)  # one process, one device: the reference, beside the launched ones
+    launched = start(tmp_path, name, mesh, "-m", "xdevice", "launch", "--nproc-per-node", str(processes))
     finish(alone)
     finish(launched)
     one = json.loads((tmp_path / "rank0of1.json").read_text())
@@ -94,7 +111,7 @@ def test_a_model_axis_across_jax_processes_trains_as_one_process_with_a_part_of_
         assert many["shapes"] == one["shapes"]  # weights() gathers whole arrays
         for key, value in one["params"].items():
             np.testing.assert_allclose(many["params"][key], value, rtol=0, atol=1e-5, err_msg=key)
-        for key, axis in SPLIT.items():  # its column's part of a split weight, and of its Adam slots
+        for key, axis in SPLIT[name].items():  # its column's part of a split weight, and of its Adam slots
             part = list(one["shapes"][key])
             part[axis] //= model
             start_at = [0] * len(part)
