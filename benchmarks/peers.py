@@ -15,10 +15,25 @@ concurrency) is measured on each server in turn, ``--rounds`` times, so load fro
 on a shared machine falls on all alike; the table shows medians (and the min-max over the
 rounds). Transports: ``json`` (``tritonclient.http`` with ``binary_data=False`` both ways),
 ``binary`` (``binary_data=True``), ``grpc`` (``tritonclient.grpc``). The raw baseline is a bare
-``session.run`` at batch 1 in this process, measured in every round too. Run:
+``session.run`` at batch 1 in this process, measured in every round too.
+
+Each row also gives the CPU milliseconds per request, server + client, at both concurrencies:
+the CPU seconds the server's processes (from /proc) and this process (the ``tritonclient``
+load and its event loop) used over the measured window, over the requests answered. They say
+where a rate comes from when the clock cannot: the client and the servers share this machine's
+cores, and one client event loop sends at most 1000 / (client ms) requests a second, whatever
+the server (printed under the table with the two-core ceiling, cores x 1000 / (server + client)).
+On a shared machine rely on these rather than req/s: contention inflates them less.
+
+One client event loop spends more CPU on a JSON request than xdevice's server does
+(``tritonclient`` rebuilds the body with ``json.dumps`` every call), so at concurrency 32 one
+client process measures the client. ``--client-processes N`` spreads each cell's coroutines
+over N client processes started together (the same for every server), as a load generator
+with threads would; their requests/s add up. Run:
 
     .venv/bin/python benchmarks/peers.py [--models mlp cnn] [--duration 3] [--rounds 3]
         [--concurrency 1 32] [--transports json binary grpc] [--servers xdevice mlserver kserve]
+        [--client-processes 2]
 """
 
 from __future__ import annotations
@@ -255,9 +270,10 @@ def build(root: Path, names: list[str], servers: list[str], instances: int) -> t
     return inputs, expected, outputs
 
 
-async def measure(url: str, grpc_url: str, model: str, x, expected, output, args) -> dict:
-    """One server's cells for ``model``: {(transport, concurrency): load's cell}; a transport
-    whose answer differs from ORT's, or fails, gives a cell with ``problem``."""
+async def measure(url: str, grpc_url: str, pid: int, model: str, x, expected, output, args) -> dict:
+    """One server's cells for ``model`` (the server's process is ``pid``): {(transport,
+    concurrency): load's cell}; a transport whose answer differs from ORT's, or fails, gives a
+    cell with ``problem``."""
     clients = PeerClients(url, grpc_url, max(args.concurrency) + 4)
     cells = {}
     try:
@@ -272,11 +288,89 @@ async def measure(url: str, grpc_url: str, model: str, x, expected, output, args
                 if problem:
                     cells[transport, concurrency] = {"problem": problem}
                     continue
-                call = clients.call(TRANSPORTS[transport], model, x, output)
-                cells[transport, concurrency] = await load([call], output, concurrency, args.duration, args.warmup)
+                cells[transport, concurrency] = await spread_load(
+                    clients, url, grpc_url, pid, transport, model, x, output, concurrency, args
+                )
     finally:
         await clients.close()
     return cells
+
+
+async def spread_load(clients, url, grpc_url, pid, transport, model, x, output, concurrency, args) -> dict:
+    """``load`` at ``concurrency`` spread over ``--client-processes`` client processes (this one
+    and the rest started for the cell, all starting at the same moment), as one cell: requests/s
+    summed, client CPU per request over every client's requests, the server's CPU over the
+    requests of all (this process's window, which the others' windows cover)."""
+    share = min(args.client_processes, concurrency)
+    call = clients.call(TRANSPORTS[transport], model, x, output)
+    if share == 1:
+        return await load([call], output, concurrency, args.duration, args.warmup, server_pid=pid)
+    start_at = time.time() + 3.0  # time for the other clients to import tritonclient and connect
+    with tempfile.TemporaryDirectory(prefix="xdevice-peers-client-") as folder:
+        np.save(Path(folder) / "x.npy", x)
+        others = [
+            subprocess.Popen(
+                [
+                    sys.executable,
+                    __file__,
+                    "--client",
+                    json.dumps(
+                        {
+                            "url": url,
+                            "grpc_url": grpc_url,
+                            "transport": transport,
+                            "model": model,
+                            "output": output,
+                            "x": str(Path(folder) / "x.npy"),
+                            "concurrency": n,
+                            "duration": args.duration,
+                            "warmup": args.warmup,
+                            "start_at": start_at,
+                        }
+                    ),
+                ],
+                stdout=subprocess.PIPE,
+                text=True,
+            )
+            for n in _split(concurrency, share)[1:]
+        ]
+        await asyncio.sleep(max(0.0, start_at - time.time()))
+        mine = await load([call], output, _split(concurrency, share)[0], args.duration, args.warmup, server_pid=pid)
+        theirs = [json.loads(p.communicate()[0].strip().splitlines()[-1]) for p in others]
+    cells = [mine, *theirs]
+    rps = sum(c["rps"] for c in cells)
+    return {
+        "rps": rps,
+        "p50": statistics.median(c["p50"] for c in cells),
+        "p99": max(c["p99"] for c in cells),
+        "errors": sum(c["errors"] for c in cells),
+        "first_error": next((c["first_error"] for c in cells if c["first_error"]), ""),
+        "client_cpu_ms": sum(c["client_cpu_ms"] * c["rps"] for c in cells) / max(rps, 1e-9),
+        "server_cpu_ms": mine["server_cpu_ms"] * mine["rps"] / max(rps, 1e-9),
+    }
+
+
+def _split(concurrency: int, processes: int) -> list[int]:
+    """``concurrency`` coroutines over ``processes`` clients, as evenly as they go."""
+    return [concurrency // processes + (i < concurrency % processes) for i in range(processes)]
+
+
+def client_process(spec: dict) -> None:
+    """One of ``spread_load``'s other clients: the same tritonclient load from its own event
+    loop, starting at ``start_at``; prints its cell as JSON."""
+
+    async def run() -> dict:
+        clients = PeerClients(spec["url"], spec["grpc_url"], spec["concurrency"] + 4)
+        try:
+            x = np.load(spec["x"])
+            call = clients.call(TRANSPORTS[spec["transport"]], spec["model"], x, spec["output"])
+            await call()  # connected before the start
+            await asyncio.sleep(max(0.0, spec["start_at"] - time.time()))
+            return await load([call], spec["output"], spec["concurrency"], spec["duration"], spec["warmup"])
+        finally:
+            await clients.close()
+
+    print(json.dumps(asyncio.run(run())), flush=True)
 
 
 def loadavg() -> str:
@@ -294,14 +388,25 @@ def main() -> None:
     parser.add_argument("--servers", nargs="+", default=list(SERVERS), choices=SERVERS)
     parser.add_argument("--threads", type=int, default=1, help="ORT intra-op threads, every server and raw")
     parser.add_argument("--instances", type=int, default=1, help="xdevice model instances (peers: one session)")
+    parser.add_argument(
+        "--client-processes",
+        type=int,
+        default=1,
+        help="client processes sharing each cell's coroutines (one event loop each; the same for every server)",
+    )
+    parser.add_argument("--client", help=argparse.SUPPRESS)  # one of the other client processes
     parser.add_argument("--mlserver-python", default=str(ROOT / ".peers" / "mlserver" / "bin" / "python"))
     parser.add_argument("--kserve-python", default=str(ROOT / ".peers" / "kserve" / "bin" / "python"))
     args = parser.parse_args()
+    if args.client:
+        client_process(json.loads(args.client))
+        return
     low, high = min(args.concurrency), max(args.concurrency)
     print(
         f"loopback; tritonclient aio load, batch-1 requests; ORT {args.threads} thread(s) everywhere; "
         f"{args.warmup:g} s warm-up + {args.duration:g} s per cell, {args.rounds} rounds with the servers "
-        f"taking turns; load average at start {loadavg()} on {os.cpu_count()} CPUs",
+        f"taking turns; {args.client_processes} client process(es) at c={high}; load average at start "
+        f"{loadavg()} on {os.cpu_count()} CPUs",
         flush=True,
     )
     results: dict = {}  # (server, model, transport, concurrency) -> [cells]
@@ -322,8 +427,12 @@ def main() -> None:
             for peer in peers.values():
                 if not peer.start():
                     problems[peer.name] = peer.problem
-            running = {"xdevice": (xdevice.url, xdevice.grpc_url)} if xdevice is not None else {}
-            running.update({p.name: (p.url, p.grpc_url) for p in peers.values() if p.name not in problems})
+            running = {}
+            if xdevice is not None and xdevice.process is not None:
+                running["xdevice"] = (xdevice.url, xdevice.grpc_url, xdevice.process.pid)
+            for peer in peers.values():
+                if peer.name not in problems and peer.process is not None:
+                    running[peer.name] = (peer.url, peer.grpc_url, peer.process.pid)
             for name in args.models:
                 model = root / "xdevice" / name / "1" / "model.onnx"
                 for round_ in range(args.rounds):
@@ -360,6 +469,15 @@ def _median(cells: list, key: str) -> tuple[float, str]:
     ), f"{min(values):.0f}-{max(values):.0f}" if key == "rps" else f"{min(values):.2f}-{max(values):.2f}"
 
 
+def _cpu(cells: list) -> str:
+    """A cell's server + client CPU milliseconds per request (medians of the rounds)."""
+    cells = [c for c in cells if "problem" not in c]
+    if not cells:
+        return "-"
+    srv, cli = (statistics.median(c[k] for c in cells) for k in ("server_cpu_ms", "client_cpu_ms"))
+    return f"{srv:.2f} + {cli:.2f}"
+
+
 def report(results: dict, raw: dict, problems: dict, args, low: int, high: int) -> None:
     servers = [s for s in args.servers if any(k[0] == s for k in results)]
     print(f"\nload average at the end {loadavg()}")
@@ -373,7 +491,7 @@ def report(results: dict, raw: dict, problems: dict, args, low: int, high: int) 
             f"{statistics.median(rates):.0f} runs/s (median of {len(rates)})"
         )
         head = f"{'server':<9} {'transport':<9} {f'c={low} p50 ms':>20} {'overhead':>9} {f'c={high} req/s':>18}"
-        print(head + "  errors")
+        print(f"{head}  {f'CPU ms/req c={low}':>17}  {f'c={high}':>11}  errors")
         for transport in args.transports:
             for server in servers:
                 cells_low = results.get((server, name, transport, low), [])
@@ -387,8 +505,24 @@ def report(results: dict, raw: dict, problems: dict, args, low: int, high: int) 
                 overhead = p50 - statistics.median(p50s)
                 print(
                     f"{server:<9} {transport:<9} {p50:>7.2f} ({spread50:>11}) {overhead:>+8.2f} "
-                    f"{rps:>7.0f} ({spread_rps:>9})  {errors}"
+                    f"{rps:>7.0f} ({spread_rps:>9})  {_cpu(cells_low):>17}  {_cpu(cells_high):>11}  {errors}"
                 )
+        print(
+            f"CPU ms/req: server + client (the client processes: tritonclient and its event loop) CPU seconds "
+            f"over the measured window / requests (medians of the rounds). At c={high} the clients cap the "
+            f"rate at {min(args.client_processes, high)}000/client req/s (one event loop per client process), "
+            f"and both at {os.cpu_count()}000/(server + client) "
+            f"on {os.cpu_count()} CPUs:"
+        )
+        for transport in args.transports:
+            caps = []
+            for server in servers:
+                cells = [c for c in results.get((server, name, transport, high), []) if "problem" not in c]
+                if cells:
+                    srv, cli = (statistics.median(c[k] for c in cells) for k in ("server_cpu_ms", "client_cpu_ms"))
+                    clients = min(args.client_processes, high)
+                    caps.append(f"{server} {clients * 1000 / cli:.0f} / {os.cpu_count() * 1000 / (srv + cli):.0f}")
+            print(f"  {transport:<7} req/s at most (client / both): " + "; ".join(caps))
         print(f"xdevice / peer at c={high} (req/s, ratio of medians); at c={low} (p50, peer / xdevice):")
         for transport in args.transports:
             mine_rps = _median(results.get(("xdevice", name, transport, high), [{"problem": "-"}]), "rps")[0]

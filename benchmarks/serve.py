@@ -11,7 +11,8 @@ from N coroutines, each looping for ``--duration`` seconds, at concurrency 1 and
 baseline is ``onnxruntime.InferenceSession.run`` at batch 1 in a loop, in the same run and
 with the same ORT threads; it also runs at batch 32, and the ratio of rows/s at batch 32 to
 rows/s at batch 1 is the most batching can save in compute (the rest it saves is per-request
-dispatch). Prints requests/s, p50 and p99 latency and errors per cell (``--rounds`` times, batched
+dispatch). Prints requests/s, p50 and p99 latency, errors and the CPU milliseconds per request
+of the server's process and of this one (the client) per cell (``--rounds`` times, batched
 and plain interleaved), then the batching speed-up at the highest concurrency (median of the
 rounds' batched / plain requests/s, with min-max), the server
 overhead at concurrency 1 (server p50 - raw p50) and the total errors. ``--soak SECONDS``
@@ -27,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import statistics
 import tempfile
 import threading
@@ -141,17 +143,63 @@ class Clients:
             await self._grpc.close()
 
 
-async def load(calls: list, output: str, concurrency: int, duration: float, warmup: float) -> dict:
+def process_tree(pid: int) -> list[int]:
+    """``pid`` and every process below it (a server's workers), from /proc."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:  # gone meanwhile
+            continue
+        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    tree, todo = [], [pid]
+    while todo:
+        tree.append(todo.pop())
+        todo += children.get(tree[-1], [])
+    return tree
+
+
+def cpu_seconds(pids: list[int]) -> float:
+    """CPU seconds (user + system, every thread) the processes ``pids`` have used so far."""
+    ticks = 0
+    for pid in pids:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:  # a worker that ended: its time is lost, as it is from ps
+            continue
+        ticks += int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15 of stat)
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
+def own_cpu_seconds() -> float:
+    """CPU seconds (user + system, every thread) this process has used so far."""
+    times = os.times()
+    return times.user + times.system
+
+
+async def load(
+    calls: list, output: str, concurrency: int, duration: float, warmup: float, server_pid: int | None = None
+) -> dict:
     """``concurrency`` coroutines (taking the ``calls`` in turn) sending batch-1 requests for
     ``warmup + duration`` seconds.
 
     Requests that start in the warm-up are not counted; the measured window runs from the end
-    of the warm-up until the last request in flight returns.
+    of the warm-up until the last request in flight returns. Over that window, the CPU time
+    of this process (the client: ``client_cpu_ms`` per counted request) and, given
+    ``server_pid``, of the server's processes (``server_cpu_ms``) says where the time of a
+    request goes: on a machine with few cores the client's share bounds the request rate as
+    much as the server's does.
     """
     latencies: list[float] = []
     errors: list[str] = []
+    server = process_tree(server_pid) if server_pid is not None else []
     begin = time.perf_counter()
     measure, end = begin + warmup, begin + warmup + duration
+    start_cpu: list[float] = []
+
+    async def mark() -> None:  # the CPU clocks at the end of the warm-up
+        await asyncio.sleep(max(0.0, measure - time.perf_counter()))
+        start_cpu.extend((own_cpu_seconds(), cpu_seconds(server)))
 
     async def worker(call):
         while (now := time.perf_counter()) < end:
@@ -167,15 +215,19 @@ async def load(calls: list, output: str, concurrency: int, duration: float, warm
                 else:
                     errors.append(failure)
 
-    await asyncio.gather(*(worker(calls[i % len(calls)]) for i in range(concurrency)))
+    await asyncio.gather(mark(), *(worker(calls[i % len(calls)]) for i in range(concurrency)))
     elapsed = time.perf_counter() - measure
+    client_cpu, server_cpu = own_cpu_seconds() - start_cpu[0], cpu_seconds(server) - start_cpu[1]
     p50, p99 = np.percentile(latencies, [50, 99]) if latencies else (float("nan"),) * 2
+    counted = max(len(latencies), 1)
     return {
         "rps": len(latencies) / elapsed,
         "p50": float(p50),
         "p99": float(p99),
         "errors": len(errors),
         "first_error": errors[0] if errors else "",
+        "client_cpu_ms": client_cpu * 1000 / counted,
+        "server_cpu_ms": server_cpu * 1000 / counted if server else float("nan"),
     }
 
 
@@ -247,11 +299,13 @@ async def drive(
                                 concurrency,
                                 args.duration,
                                 args.warmup,
+                                server_pid=pid,
                             )
                             cells.setdefault((name, kind, transport, concurrency), []).append(cell)
                             print(
                                 f"{model:<13} {transport:<12} {concurrency:>5} {cell['rps']:>9.0f} "
-                                f"{cell['p50']:>8.2f} {cell['p99']:>8.2f} {cell['errors']:>7}",
+                                f"{cell['p50']:>8.2f} {cell['p99']:>8.2f} {cell['errors']:>7} "
+                                f"{cell['server_cpu_ms']:>9.2f} {cell['client_cpu_ms']:>9.2f}",
                                 flush=True,
                             )
                             if cell["errors"]:
@@ -293,7 +347,10 @@ def main() -> None:
             f"{args.warmup:g} s warm-up + {args.duration:g} s per cell; batched = dynamic batching, "
             f"max_batch_size {MAX_BATCH}, max_queue_delay {DELAY_US} us; plain = each request alone"
         )
-        print(f"{'model':<13} {'transport':<12} {'conc':>5} {'req/s':>9} {'p50 ms':>8} {'p99 ms':>8} {'errors':>7}")
+        print(
+            f"{'model':<13} {'transport':<12} {'conc':>5} {'req/s':>9} {'p50 ms':>8} {'p99 ms':>8} {'errors':>7} "
+            f"{'server CPU':>9} {'client CPU':>9} (ms per request)"
+        )
         for name in args.models:
             raw[name] = raw_baseline(
                 root / f"{name}_plain" / "1" / "model.onnx", inputs[name], args.threads, args.duration
