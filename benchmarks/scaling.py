@@ -16,6 +16,24 @@ printed with the refusal.
 
     .venv/bin/python benchmarks/scaling.py [--processes 1 2 4] [--strategies replicate fsdp]
         [--backend torch] [--hidden 1024] [--batch 64] [--steps 16] [--epochs 5] [--threads 1]
+
+``--memory`` prints, instead of times, what one device holds against what
+``xdevice.estimate_memory(..., backend=..., measure=False)`` says it holds: the parameter bytes
+and the optimizer-state bytes (Adam's two slots) of device 0 (rank 0's shards, the largest),
+for N = 1, 2, 4 and three layouts: ``replicate`` and ``fsdp`` of the zoo mlp (``--inputs``,
+``--hidden``), and tensor parallel (a mesh ``{"model": N}``) of the zoo gpt2 at its small
+config. The shards are the ones a ``Trainer`` places for real (its parameters and optimizer
+state, before the first step; ``--after-step`` measures after one training step, which costs
+JAX a compile per layout, about two minutes more): on torch in ``N`` processes started by
+``xdevice launch --nproc-per-node N`` (gloo; one launch per N builds the three layouts, tensor
+parallel at N = 1 being one process without a mesh); on JAX in one process over N of its
+virtual CPU devices (``xdevice.configure(cpu_devices=4)``, in a subprocess: it must come before
+JAX starts). ``measured / estimate`` reads 1.0000 where the estimate counts what the engine
+holds. Parameters and slots fall to about 1/N under fsdp; under tensor parallel only the split
+attention and MLP weights do (embeddings, norms and the closing layers' biases stay whole).
+About a minute on 2 cores:
+
+    .venv/bin/python benchmarks/scaling.py --memory [--processes 1 2 4] [--hidden 1024] [--after-step]
 """
 
 from __future__ import annotations
@@ -93,6 +111,145 @@ def run(args: argparse.Namespace, processes: int, strategy: str) -> dict | str:
         return json.loads(out.read_text())
 
 
+#: the layouts the memory table measures: (strategy shown, zoo model, Trainer's strategy, mesh or not)
+LAYOUTS = (
+    ("replicate", "mlp", "replicate", False),
+    ("fsdp", "mlp", "fsdp", False),
+    ("tensor parallel", "gpt2", "replicate", True),
+)
+#: the optimizer whose state the memory table counts (two slots per parameter)
+OPTIMIZER = "adam"
+
+
+def memory_spec(args: argparse.Namespace, model: str) -> dict:
+    """The zoo model a memory row builds: the mlp at ``--inputs``/``--hidden``, gpt2 small."""
+    if model == "mlp":
+        return {"inputs": args.inputs, "hidden": [args.hidden, args.hidden], "classes": 10, "seed": 0}
+    from xdevice import models
+
+    return {**models.definition(model).SMALL, "seed": 0}
+
+
+def held_bytes(arrays: dict) -> int:
+    """The bytes device 0 holds of ``arrays``: a JAX array's shards on device 0, a torch
+    DTensor's local shard (this rank's), or a whole array."""
+    total = 0
+    for value in arrays.values():
+        if hasattr(value, "addressable_shards"):  # JAX: the pieces on device 0
+            total += sum(shard.data.nbytes for shard in value.addressable_shards if shard.device.id == 0)
+        else:  # torch: a DTensor's shard on this rank, or a plain tensor
+            local = value.to_local() if hasattr(value, "to_local") else value
+            total += local.numel() * local.element_size()
+    return total
+
+
+def memory_worker(args: argparse.Namespace) -> None:
+    """Build each layout's trainer (and step it, ``--after-step``), write device 0's bytes: on
+    torch, one of the launched processes (rank 0 writes); on JAX, one process over N of its
+    virtual CPU devices for each N."""
+    print(pin_threads(args.threads, frameworks=(args.backend,)), flush=True)
+    import xdevice
+
+    if args.backend == "jax":  # virtual CPU devices, before JAX starts
+        xdevice.configure(cpu_devices=max(args.processes), backends=["jax"])
+    from xdevice import Trainer, models
+    from xdevice.training.launch import world
+
+    if args.backend == "torch":
+        xdevice.join_processes("torch")
+        rank, size = world()
+        counts = [size]
+    else:
+        rank, counts = 0, args.processes
+    found = []
+    for count in counts:
+        devices = [f"cpu:{i}" for i in range(count)] if args.backend == "jax" else None
+        for shown, name, strategy, split in LAYOUTS:
+            mesh = {"model": count} if split and (args.backend == "jax" or count > 1) else None
+            reference = models.build(name, backend="numpy", **memory_spec(args, name))
+            model = reference.to(args.backend)
+            trainer = Trainer(model, "cross_entropy", OPTIMIZER, devices=devices, strategy=strategy, mesh=mesh)
+            if args.after_step:  # the layout a training step leaves (JAX compiles each layout's step)
+                x = reference.example_input(2 * count)  # two rows per device; labels: class indices
+                *inner, classes = reference(reference.example_input(1)).shape[1:]
+                y = np.arange(x.shape[0] * int(np.prod(inner, dtype=int))) % classes
+                trainer.step(x, y.reshape(x.shape[0], *inner).astype("int64"))
+            slots = {k: v for k, v in trainer.state.items() if "/" in k}  # m/ and v/; not the step count
+            found.append(
+                {
+                    "strategy": shown,
+                    "model": name,
+                    "N": count,
+                    "parameters": held_bytes(trainer.program.params),
+                    "optimizer state": held_bytes(slots),
+                }
+            )
+    if rank == 0:
+        Path(args.out).write_text(json.dumps(found))
+
+
+def measure_memory(args: argparse.Namespace, backend: str) -> list[dict] | str:
+    """Device 0's bytes per layout and N on ``backend``, or the last error line."""
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="xdevice-memory-") as folder:
+        out = Path(folder) / "bytes.json"
+        shared = [__file__, "--memory-worker", "--out", str(out), f"--backend={backend}", f"--threads={args.threads}"]
+        shared += ["--after-step"] if args.after_step else []
+        shared += [f"--inputs={args.inputs}", f"--hidden={args.hidden}", "--processes", *map(str, args.processes)]
+        if backend == "jax":  # one process, N virtual devices
+            launches = [[sys.executable, *shared]]
+        else:  # N processes, one launch per N
+            launches = [
+                [sys.executable, "-m", "xdevice", "launch", "--nproc-per-node", str(n), *shared] for n in args.processes
+            ]
+        for command in launches:
+            done = subprocess.run(
+                command, capture_output=True, text=True, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
+            )
+            if done.returncode != 0 or not out.exists():
+                lines = [line for line in (done.stderr + done.stdout).splitlines() if "Error" in line]
+                return (lines or (done.stderr or done.stdout).splitlines() or ["no output"])[-1].strip()[:160]
+            rows += json.loads(out.read_text())
+            out.unlink()
+    return rows
+
+
+def memory_table(args: argparse.Namespace) -> None:
+    """Print measured against estimated bytes per device, for each backend, layout and N."""
+    import importlib.util
+
+    from xdevice import estimate_memory
+
+    print(
+        f"bytes on device 0 (rank 0) {'after one step' if args.after_step else 'as the Trainer placed them'}, "
+        f"{OPTIMIZER}: zoo mlp {args.inputs}-{args.hidden}-{args.hidden}-10 (replicate, fsdp), zoo gpt2 small "
+        f"config (tensor parallel, mesh {{'model': N}}); estimate: xdevice.estimate_memory(..., measure=False)"
+    )
+    head = f"{'backend':<7} {'strategy':<16} {'N':>2} {'params':>10} {'estimate':>10} {'ratio':>7}"
+    print(f"{head} {'optimizer':>10} {'estimate':>10} {'ratio':>7}")
+    for backend in ("torch", "jax"):
+        if importlib.util.find_spec(backend) is None:
+            print(f"{backend:<7} not installed")
+            continue
+        rows = measure_memory(args, backend)
+        if isinstance(rows, str):
+            print(f"{backend:<7} failed: {rows}", flush=True)
+            continue
+        for row in sorted(rows, key=lambda r: ([s for s, *_ in LAYOUTS].index(r["strategy"]), r["N"])):
+            split = row["strategy"] == "tensor parallel"
+            options = {"mesh": {"model": row["N"]}} if split else {"strategy": row["strategy"], "devices": row["N"]}
+            spec = memory_spec(args, row["model"])
+            # backend= matters: FSDP2 chunks the first axis, where JAX splits the largest divisible one
+            parts = estimate_memory(
+                row["model"], batch=2, optimizer=OPTIMIZER, backend=backend, measure=False, **options, **spec
+            ).parts
+            cells = []
+            for part in ("parameters", "optimizer state"):
+                measured, estimate = row[part], parts[part]
+                cells.append(f"{measured:>10} {estimate:>10} {measured / estimate:>7.4f}")
+            print(f"{backend:<7} {row['strategy']:<16} {row['N']:>2} {cells[0]} {cells[1]}", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--processes", type=int, nargs="+", default=[1, 2, 4])
@@ -107,9 +264,18 @@ def main() -> None:
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--strategy", default="replicate", help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
+    parser.add_argument("--memory", action="store_true", help="print bytes per device, measured against the estimate")
+    parser.add_argument("--after-step", action="store_true", help="--memory: measure after one training step")
+    parser.add_argument("--memory-worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
         worker(args)
+        return
+    if args.memory_worker:
+        memory_worker(args)
+        return
+    if args.memory:
+        memory_table(args)
         return
     print(
         f"zoo mlp {args.inputs}-{args.hidden}-{args.hidden}-10 on {args.backend}, Adam; {args.batch} rows per process "

@@ -96,6 +96,6 @@ def test_fsdp_on_two_processes_trains_as_one_process_with_half_the_weights_each(
     # what each rank measured is what the memory estimate says for fsdp over that many devices
     for count, measured in [(1, one), (2, ranks[0]), (2, ranks[1])]:
         parts = estimate_memory(
-            "mlp", batch=8, optimizer="momentum", measure=False, strategy="fsdp", devices=count, **SPEC
+            "mlp", batch=8, backend="torch", optimizer="momentum", measure=False, strategy="fsdp", devices=count, **SPEC
         ).parts
         assert (parts["parameters"], parts["optimizer state"]) == (measured["param_bytes"], measured["slot_bytes"])

@@ -1,7 +1,8 @@
 """PyTorch's tensor parallel (``mesh={"model": 2}``): the zoo transformers' attention and MLP
 layers split over two processes started by ``xdevice launch`` on loopback (gloo), as DTensors
 on a ``DeviceMesh``, train as one process does for 20 steps, each rank holding half of each
-split weight; after fit, ``weights()`` and ``save`` gather the whole arrays. In one process
+split weight (parameter and optimizer-slot bytes as ``estimate_memory(..., mesh=...)`` counts
+them); after fit, ``weights()`` and ``save`` gather the whole arrays. In one process
 PyTorch has no devices to split over, and says how to launch."""
 
 from __future__ import annotations
@@ -14,11 +15,13 @@ import textwrap
 import numpy as np
 import pytest
 
-from xdevice import ConfigurationError, Trainer, models
+from xdevice import ConfigurationError, Trainer, estimate_memory, models
 
 pytest.importorskip("torch")
 
 STEPS = 20
+#: the script's models: the zoo's small sizes with one block (bert without its pooler)
+SIZES = {"bert": {"pooler": False, "layers": 1}, "gpt2": {"blocks": 1}, "llama": {"blocks": 1}}
 #: the split layers each rank should hold half of: (name, the axis split)
 SPLIT = {
     "gpt2": {"block0.attn.qkv.weight": 1, "block0.attn.qkv.bias": 0, "block0.mlp.fc2.weight": 0},
@@ -33,9 +36,12 @@ SCRIPT = textwrap.dedent("""
     from xdevice import models, Trainer
     from xdevice.training.launch import world
 
+    def nbytes(arrays):  # what this rank holds of them: a DTensor's local shard, else the whole array
+        local = [v.to_local() if isinstance(v, DTensor) else v for v in arrays.values()]
+        return sum(v.numel() * v.element_size() for v in local)
+
     name, folder, mesh = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
-    sizes = {"bert": {"pooler": False, "layers": 1}, "gpt2": {"blocks": 1}, "llama": {"blocks": 1}}[name]
-    model = models.build(name, backend="torch", **{**models.definition(name).SMALL, **sizes}, seed=0)
+    model = models.build(name, backend="torch", **json.loads(sys.argv[4]))
     rng = np.random.default_rng(0)
     x = rng.integers(0, model.spec["vocab"], size=(20 * 4, 8)).astype("int32")
     if name == "bert":  # the last hidden state towards random targets
@@ -58,14 +64,21 @@ SCRIPT = textwrap.dedent("""
             "shapes": {k: list(v.shape) for k, v in weights.items()},
             "held": held,
             "slots": slots,
+            "param_bytes": nbytes(trainer.program.params),
+            "slot_bytes": nbytes({k: v for k, v in trainer.state.items() if "/" in k}),  # m/, v/; not the step
         }, out)
 """)
+
+
+def spec(name: str) -> dict:
+    """The script's model: the zoo's small sizes with one block."""
+    return {**models.definition(name).SMALL, **SIZES[name], "seed": 0}
 
 
 def start(tmp_path, name: str, mesh: dict, *launch: str) -> subprocess.Popen:
     script = tmp_path / "train.py"
     script.write_text(SCRIPT)
-    command = [sys.executable, *launch, str(script), name, str(tmp_path), json.dumps(mesh)]
+    command = [sys.executable, *launch, str(script), name, str(tmp_path), json.dumps(mesh), json.dumps(spec(name))]
     return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
@@ -106,6 +119,10 @@ def test_a_model_axis_across_processes_trains_as_one_process_with_a_part_of_each
             assert many["slots"][f"m/{key}"] == many["slots"][f"v/{key}"] == part, key
         norm = next(k for k in one["shapes"] if "norm" in k)
         assert many["held"][norm] == one["shapes"][norm]  # a layer outside the layout is copied whole
+    # what each rank holds of the parameters and Adam's slots is what the memory estimate says
+    for measured, layout in [(one, None), *((many, mesh) for many in ranks)]:
+        parts = estimate_memory(name, batch=4, backend="torch", measure=False, mesh=layout, **spec(name)).parts
+        assert (measured["param_bytes"], measured["slot_bytes"]) == (parts["parameters"], parts["optimizer state"])
     # save gathers too: rank 0 wrote the whole arrays, as one process does
     from safetensors.numpy import load_file
 

@@ -149,7 +149,10 @@ def estimate_memory(
 
     Args:
         backend: the framework to measure with (default: the model's, or numpy for a name);
-            numpy measures nothing.
+            numpy measures nothing. Under ``strategy="fsdp"`` it also picks how the arrays
+            split: torch's FSDP2 in first-axis chunks, the others along ``shard_axis`` (an
+            mlp's 10-class bias over 4 devices: 3 rows on torch's rank 0, whole on JAX), so
+            name the engine that trains.
         measure: compile (JAX) or run (PyTorch, TensorFlow on a GPU) one step to measure it.
         strategy: ``"replicate"`` (each device holds every weight) or ``"fsdp"`` (each holds
             its shard of the parameters, gradients and optimizer state).
