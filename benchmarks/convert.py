@@ -12,7 +12,18 @@
    same file, at batch 1 and 32; median (min-max) ms over rounds taken in turns, and the
    ratios imported / zoo and imported / ONNX Runtime (targets: 1.2x and, at batch 32, 1.5x).
 
-3. ``--parts realworld``: the real-model suite's cases (``tests/realworld/cases.py``: transformers,
+3. ``--parts calls``: the same pair (imported and zoo, on their own backend, batch 1 and 32)
+   measured so that a loaded machine does not decide the answer: (a) on JAX, the compiled
+   programs compared op by op (``jit(...).lower(...).compile().as_text()``, layout-only ops
+   such as ``bitcast`` left out): ``same`` or the ops one has more than the other; (b) the
+   CPU time of a call (``time.process_time``, which a process waiting for a core does not
+   accrue) as the minimum over ``--repeats`` groups of calls taken in turns, for the
+   imported model, the zoo model and the imported model's compiled program called directly;
+   ``python us``: the Python a call of the imported model runs around its program (the call
+   timed with the program stood in for by a function returning its outputs, less that
+   function's own call), the one cost the zoo's ``jit(apply)(params, x)`` does not pay.
+
+4. ``--parts realworld``: the real-model suite's cases (``tests/realworld/cases.py``: transformers,
    keras.applications, Flax, equinox; random weights), each exported from its framework and
    imported onto every backend: the import's max error relative to the output's scale, and its
    speed (``imported(x)``, captured) as a ratio to ONNX Runtime on the same file and to the
@@ -20,13 +31,15 @@
 
 Every framework and ONNX Runtime run on ``--threads`` threads. Run:
 
-    .venv/bin/python benchmarks/convert.py [--parts matrix speed realworld] [--models cnn] [--sources torch]
+    .venv/bin/python benchmarks/convert.py [--parts matrix speed calls realworld] [--models cnn] [--sources torch]
                                            [--repeats 20] [--threads 1] [--cases hf-bert keras-lstm-gru]
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
+import re
 import statistics
 import time
 
@@ -37,6 +50,7 @@ import xdevice
 from xdevice import models
 from xdevice.converters import export
 from xdevice.converters.importer import from_onnx
+from xdevice.converters.importer.model import _quick_key
 
 BATCH = 64
 TARGETS = ("torch", "tensorflow", "jax", "numpy", "onnxruntime")
@@ -118,6 +132,112 @@ def speed(names: list[str], sources: list[str], repeats: int) -> None:
                 )
 
 
+#: HLO ops that only relabel or pass values (no work): left out when programs are compared
+_FREE_OPS = {"parameter", "constant", "bitcast", "tuple", "get-tuple-element", "after-all"}
+
+
+def _hlo_ops(compiled_text: str) -> collections.Counter:
+    """How many of each op a compiled XLA program runs, fused computations' bodies included."""
+    found = re.findall(r"=\s*[\w\[\]{},:()\s]*?\s([a-z][a-z0-9\-]*)\(", compiled_text)
+    return collections.Counter(op for op in found if op not in _FREE_OPS)
+
+
+def _compare_programs(mine: collections.Counter, theirs: collections.Counter) -> str:
+    """``same``, or the ops one program has more of than the other (``+2 transpose -1 copy``)."""
+    more, fewer = mine - theirs, theirs - mine
+    if not more and not fewer:
+        return "same"
+    changes = [f"+{n} {op}" for op, n in sorted(more.items())] + [f"-{n} {op}" for op, n in sorted(fewer.items())]
+    return " ".join(changes)
+
+
+def _cpu_us_per_call(sides: dict, repeats: int, seconds: float = 0.1) -> dict[str, float]:
+    """CPU microseconds per call of each side: the minimum over ``repeats`` groups of calls
+    (each about ``seconds`` long), the sides taking turns."""
+    calls = {}
+    for name, fn in sides.items():
+        for _ in range(3):
+            fn()
+        start = time.process_time()
+        for _ in range(20):
+            fn()
+        calls[name] = max(20, int(seconds / max((time.process_time() - start) / 20, 1e-7)))
+    best = dict.fromkeys(sides, float("inf"))
+    for _ in range(repeats):
+        for name, fn in sides.items():
+            start = time.process_time()
+            for _ in range(calls[name]):
+                fn()
+            best[name] = min(best[name], (time.process_time() - start) / calls[name] * 1e6)
+    return best
+
+
+def calls(names: list[str], sources: list[str], repeats: int) -> None:
+    """Per-call cost of imported against zoo, free of the machine's load (part 3)."""
+    from zoo import zoo_runner
+
+    print(
+        "imported vs zoo, per call: compiled program ops (JAX; layout-only ops left out) and CPU us "
+        f"per call (time.process_time, min of {repeats} groups taken in turns; output to numpy each call)"
+    )
+    print(
+        f"{'model':<12} {'backend':<11} {'batch':>5} {'imported us':>11} {'zoo us':>9} {'program us':>10} "
+        f"{'python us':>9} {'imported/zoo':>12}  program ops, imported vs zoo"
+    )
+    for name in names:
+        model = models.build(name, seed=0)
+        for source in sources:
+            placed = model.to(source)
+            backend = xdevice.backend(source)
+            result = export(placed, example_inputs=model.example_input(4))
+            imported = from_onnx(result.model, backend=source)
+            zoo = zoo_runner(placed, source)
+            to_numpy = backend.ops.to_numpy
+            for batch in (1, 32):
+                xin = backend.ops.asarray(model.example_input(batch, seed=1))
+                imported(xin)
+                # the program a call runs and what it takes (private: what __call__ looks up)
+                program = imported._known.get(_quick_key((xin,)))
+                if program is None:
+                    print(f"{name:<12} {source:<11} {batch:>5} not captured: the imported model runs interpreted")
+                    continue
+                weights = imported._weights() if imported._prepare or imported._preparing else imported.params
+                sides = {
+                    "imported": lambda: to_numpy(imported(xin)),
+                    "zoo": lambda: to_numpy(zoo(xin)),
+                    "program": lambda: to_numpy(program(weights, xin)[0]),
+                }
+                best = _cpu_us_per_call(sides, repeats)
+                # the Python of a call alone: the program stood in for by a function that returns
+                # its outputs, against that function called directly (a few us, so no load hides it)
+                outputs = program(weights, xin)
+                imported._known[_quick_key((xin,))] = stand_in = lambda w, *xs: outputs
+                python = _cpu_us_per_call(
+                    {"call": lambda: imported(xin), "stand-in": lambda: stand_in(weights, xin)}, repeats, 0.02
+                )
+                imported._known[_quick_key((xin,))] = program
+                ops = "-"
+                if source == "jax":
+                    apply_fn, params = models.to_native(placed, "jax")
+                    zoo_text = jax_compiled_text(apply_fn, params, xin)
+                    ops = _compare_programs(
+                        _hlo_ops(program.lower(weights, xin).compile().as_text()), _hlo_ops(zoo_text)
+                    )
+                print(
+                    f"{name:<12} {source:<11} {batch:>5} {best['imported']:>11.1f} {best['zoo']:>9.1f} "
+                    f"{best['program']:>10.1f} {python['call'] - python['stand-in']:>9.2f} "
+                    f"{best['imported'] / best['zoo']:>11.3f}x  {ops}",
+                    flush=True,
+                )
+
+
+def jax_compiled_text(apply_fn, params, x) -> str:
+    """The compiled XLA program of the zoo model as ``zoo_runner`` runs it (``jax.jit``)."""
+    import jax
+
+    return jax.jit(apply_fn).lower(params, x).compile().as_text()
+
+
 def matrix(names: list[str], sources: list[str], repeats: int) -> None:
     """Errors of every target against the source, and times (part 1)."""
     import onnxruntime
@@ -161,7 +281,7 @@ def matrix(names: list[str], sources: list[str], repeats: int) -> None:
 
 
 def realworld(names: list[str] | None, repeats: int) -> None:
-    """The real-model suite's cases: import error and speed against ORT and the source (part 3)."""
+    """The real-model suite's cases: import error and speed against ORT and the source (part 4)."""
     import sys
     from pathlib import Path
 
@@ -220,7 +340,9 @@ def realworld(names: list[str] | None, repeats: int) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--parts", nargs="+", default=["matrix", "speed"], choices=["matrix", "speed", "realworld"])
+    parser.add_argument(
+        "--parts", nargs="+", default=["matrix", "speed"], choices=["matrix", "speed", "calls", "realworld"]
+    )
     parser.add_argument("--cases", nargs="+", default=None, help="real-model cases (default: all)")
     parser.add_argument("--models", nargs="+", default=list(models.NAMES))
     parser.add_argument(
@@ -234,6 +356,8 @@ def main() -> None:
         matrix(args.models, args.sources, args.repeats)
     if "speed" in args.parts:
         speed(args.models, args.sources, args.repeats)
+    if "calls" in args.parts:
+        calls(args.models, args.sources, args.repeats)
     if "realworld" in args.parts:
         realworld(args.cases, args.repeats)
 

@@ -129,6 +129,7 @@ class ImportedModel:
         )
         self._still_read = [name for name in self.params if name in read]
         self._prepared: tuple[tuple, dict[str, Any]] | None = None  # (state of the weights, results)
+        self._versioned = any(hasattr(v, "_version") for v in self.params.values())  # in-place writes counted
         self._prepared_inputs: dict[int, list[str]] = {}  # node position -> names of its preparation's results
 
     def apply(self, params: dict[str, Any], *inputs: Any) -> tuple[Any, ...]:
@@ -278,7 +279,12 @@ class ImportedModel:
         was replaced or written in place (PyTorch counts a tensor's in-place writes in
         ``_version``), and the weights other nodes read."""
         params = self.params
-        state = tuple((id(params[n]), getattr(params[n], "_version", None)) for n in self._prepare_reads)
+        # every call computes this state, so it is built with C-level maps (per-call Python
+        # at batch 1: ``benchmarks/convert.py --parts calls``); only PyTorch counts writes
+        read = list(map(params.__getitem__, self._prepare_reads))
+        state: tuple[Any, ...] = tuple(map(id, read))
+        if self._versioned:
+            state += tuple([getattr(v, "_version", None) for v in read])
         if self._prepared is None or self._prepared[0] != state:
             ctx = Context(self.backend)
             with self._scope():
@@ -353,13 +359,23 @@ def _probe(*args: Any) -> Any:
 
 def _quick_key(inputs: tuple) -> tuple | None:
     """Each input's type, shape and dtype, as they are (no conversion), or None when one has
-    no hashable shape (a sequence, None, a symbolic dimension)."""
-    key = tuple((type(x), getattr(x, "shape", None), getattr(x, "dtype", None)) for x in inputs)
+    no shape or dtype (a sequence, None, a Python number) or an unhashable shape (a symbolic
+    dimension).
+
+    Every call computes it, so it is written for speed (attribute errors instead of
+    ``getattr`` defaults, no generator for the usual single input): at batch 1 it is a
+    visible part of a call's Python (``benchmarks/convert.py --parts calls`` measures it).
+    """
     try:
+        if len(inputs) == 1:
+            x = inputs[0]
+            key: tuple = ((type(x), x.shape, x.dtype),)
+        else:
+            key = tuple([(type(x), x.shape, x.dtype) for x in inputs])
         hash(key)
-    except TypeError:
+    except (AttributeError, TypeError):
         return None
-    return key if all(shape is not None for _, shape, _ in key) else None
+    return key
 
 
 def _signature(ops: Any, feeds: list[Any]) -> tuple | None:
