@@ -85,10 +85,13 @@ def interleaved(
     inner: int = 1,
     warmup: int = 3,
     budget: float | None = None,
+    clock: Callable[[], float] = time.perf_counter,
 ) -> dict[str, list[float]]:
     """Seconds per call of each side: ``samples`` rounds in which every side runs ``inner``
     calls in turn (after ``warmup`` calls each); stops early, after at least 3 rounds, once
-    ``budget`` seconds are spent. The order of the sides is shuffled each round (seeded): a
+    ``budget`` seconds are spent. ``clock``: wall time by default; ``time.process_time`` counts
+    this process's CPU seconds instead (every thread's), which other processes' load on a
+    shared machine moves less. The order of the sides is shuffled each round (seeded): a
     call right after another framework's can pay for it (a JAX call right after ONNX
     Runtime's, at batch 1), and every side should follow every other equally
     often (a fixed or rotated order makes one side follow it more often)."""
@@ -101,10 +104,10 @@ def interleaved(
     for round_ in range(samples):
         shuffle(order)
         for name, fn in order:
-            begin = time.perf_counter()
+            begin = clock()
             for _ in range(inner):
                 fn()
-            times[name].append((time.perf_counter() - begin) / inner)
+            times[name].append((clock() - begin) / inner)
         if budget is not None and round_ >= 2 and time.perf_counter() - start > budget:
             break
     return times

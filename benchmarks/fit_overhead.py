@@ -14,12 +14,17 @@ the per-round ratios. 1.00 means ``fit`` costs nothing beyond the loop a user wo
 
     .venv/bin/python benchmarks/fit_overhead.py [--models mlp cnn] [--backends torch jax tensorflow]
                                                 [--rows 2048] [--batch 64] [--rounds 9] [--threads 1]
+                                                [--clock wall|cpu]
+
+``--clock cpu`` times each epoch by this process's CPU seconds (``time.process_time``, every
+thread) instead of the wall clock: on a shared machine other processes' load moves it less.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib.util
+import time
 
 import numpy as np
 from _timing import THREADS_HELP, cell, interleaved, pin_threads, ratio_cell
@@ -144,13 +149,19 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=9, help="timed epochs of each side, taken in turns")
     parser.add_argument("--max-seconds", type=float, default=60.0, help="stop a cell's rounds after this long")
     parser.add_argument("--threads", type=int, default=1, help=THREADS_HELP)
+    parser.add_argument(
+        "--clock",
+        choices=("wall", "cpu"),
+        default="wall",
+        help="wall: elapsed time; cpu: this process's CPU time (every thread), moved less by other processes",
+    )
     args = parser.parse_args()
     print(pin_threads(args.threads, frameworks=tuple(args.backends)))
     from xdevice import models
 
     installed = [b for b in args.backends if importlib.util.find_spec(b) is not None]
     print(f"one epoch of {args.rows} rows, batch {args.batch}, Adam lr {LR}; {args.rounds} rounds taken in turns")
-    print("ms per epoch: median (min-max); ratio = fit / hand-written loop (medians; per-round spread)")
+    print(f"{args.clock} ms per epoch: median (min-max); ratio = fit / hand-written loop (medians; per-round spread)")
     print(f"{'model':<12} {'backend':<11} {'fit ms':>22} {'hand ms':>22} {'ratio':>20}")
     for name in args.models:
         for backend in installed:
@@ -158,7 +169,8 @@ def main() -> None:
             twin = models.build(name, backend=backend, seed=0)
             x, y = data_for(mine, args.rows)
             sides = {"fit": fit_epoch(mine, x, y, args.batch), "hand": HAND[backend](twin, x, y, args.batch)}
-            times = interleaved(sides, samples=args.rounds, warmup=1, budget=args.max_seconds)
+            clock = time.process_time if args.clock == "cpu" else time.perf_counter
+            times = interleaved(sides, samples=args.rounds, warmup=1, budget=args.max_seconds, clock=clock)
             print(
                 f"{name:<12} {backend:<11} {cell(times['fit'], 'ms'):>22} {cell(times['hand'], 'ms'):>22} "
                 f"{ratio_cell(times['fit'], times['hand']):>20}",
