@@ -261,7 +261,7 @@ def keras_side(args: argparse.Namespace) -> None:
     (name,) = args.models
     _, data, _ = spec_and_inputs(name, args)
     sides = {"jax": jax_sides, "tensorflow": tensorflow_sides}[args.worker]
-    _, step, _ = sides(name, data, (args.side,), args)[args.side]
+    _, step, _ = sides(name, data, (args.side,), args, forward=False)[args.side]
     for _ in range(args.warmup):
         step()
     begin = time.perf_counter()
@@ -457,9 +457,11 @@ def spec_and_inputs(name: str, args: argparse.Namespace) -> tuple[dict, dict, st
     return spec, inputs_of(name, spec), note
 
 
-def jax_sides(name: str, data: dict, sides: tuple[str, ...], args: argparse.Namespace) -> dict:
-    """``{side: (forward, training step, backbone)}`` on JAX for each of ``sides`` ("zoo",
-    "canonical"), each built only when asked (``--apart`` builds one per process)."""
+def jax_sides(name: str, data: dict, sides: tuple[str, ...], args: argparse.Namespace, forward: bool = True) -> dict:
+    """``{side: (forward, training step, model or backbone)}`` on JAX for each of ``sides``
+    ("zoo", "canonical"), each built only when asked (``--apart`` builds one per process);
+    ``forward=False`` (``--apart``: training alone) builds no forward. Each side keeps its
+    starting weights beside the ones it trains (the zoo's params, keras' variables): alike."""
     import jax
     import jax.numpy as jnp
 
@@ -477,16 +479,16 @@ def jax_sides(name: str, data: dict, sides: tuple[str, ...], args: argparse.Name
     built = {}
     if "zoo" in sides:
         model, _ = zoo_model(name, "jax", args)
-        apply, ops, params = definition(name).apply, model.ops, dict(model.params)
+        apply, ops, zoo_spec, params = definition(name).apply, model.ops, model.spec, dict(model.params)
         x = jnp.asarray(data["x"])
         extra = {} if name in IMAGES else {"attention_mask": jnp.asarray(data["mask"])}
-        zoo_f = jax.jit(lambda p, x, extra: apply(ops, p, x, spec=model.spec, **extra))
+        zoo_f = jax.jit(lambda p, x, extra: apply(ops, p, x, spec=zoo_spec, **extra))
         frozen = {k: v for k, v in params.items() if k not in model.trainable}
 
         @jax.jit
         def zoo_step(trainable, x, extra):
             def loss(t):
-                out, _ = apply(ops, {**frozen, **t}, x, spec=model.spec, train=True, **extra)
+                out, _ = apply(ops, {**frozen, **t}, x, spec=zoo_spec, train=True, **extra)
                 return loss_of(out)
 
             grads = jax.grad(loss)(trainable)
@@ -498,7 +500,7 @@ def jax_sides(name: str, data: dict, sides: tuple[str, ...], args: argparse.Name
             nonlocal zoo_state
             zoo_state = jax.block_until_ready(zoo_step(zoo_state, x, extra))
 
-        built["zoo"] = (lambda: zoo_f(params, x, extra).block_until_ready(), zoo_train, model)
+        built["zoo"] = ((lambda: zoo_f(params, x, extra).block_until_ready()) if forward else None, zoo_train, model)
     if "canonical" in sides:
         backbone, keras_in, features, classes = keras_backbone_of(name, spec)
         head = jnp.asarray(head_of(name, spec, features, classes))
@@ -522,7 +524,8 @@ def jax_sides(name: str, data: dict, sides: tuple[str, ...], args: argparse.Name
             nonlocal keras_state
             keras_state = jax.block_until_ready(keras_step(keras_state[0], ntv, k_in, keras_state[1]))
 
-        built["canonical"] = (lambda: keras_f(tv, ntv, k_in, head).block_until_ready(), keras_train, backbone)
+        keras_fwd = (lambda: keras_f(tv, ntv, k_in, head).block_until_ready()) if forward else None
+        built["canonical"] = (keras_fwd, keras_train, backbone)
     return built
 
 
@@ -549,8 +552,13 @@ def jax_worker(args: argparse.Namespace) -> None:
             generation_row("jax", "", zoo_t, None, args, True, prompt.shape[1])
 
 
-def tensorflow_sides(name: str, data: dict, sides: tuple[str, ...], args: argparse.Namespace) -> dict:
-    """``{side: (forward, training step, backbone)}`` on TensorFlow, as :func:`jax_sides`."""
+def tensorflow_sides(
+    name: str, data: dict, sides: tuple[str, ...], args: argparse.Namespace, forward: bool = True
+) -> dict:
+    """``{side: (forward, training step, model or backbone)}`` on TensorFlow, as
+    :func:`jax_sides`; without ``forward`` the zoo side keeps no copy of its weights beside the
+    variables it trains (keras-hub's variables are its one copy too: the 16-block llama's zoo
+    side held 1.1 GiB a block more with both)."""
     import tensorflow as tf
 
     from xdevice.models import definition
@@ -572,27 +580,33 @@ def tensorflow_sides(name: str, data: dict, sides: tuple[str, ...], args: argpar
     built = {}
     if "zoo" in sides:
         model, _ = zoo_model(name, "tensorflow", args)
-        apply, ops, params = definition(name).apply, model.ops, dict(model.params)
+        apply, ops, zoo_spec = definition(name).apply, model.ops, model.spec
         x = tf.constant(data["x"])
         extra = {} if name in IMAGES else {"attention_mask": tf.constant(data["mask"])}
-        zoo_f = tf.function(lambda x, extra: apply(ops, params, x, spec=model.spec, **extra))
-        variables = {k: tf.Variable(params[k]) for k in model.trainable}
-        frozen = {k: v for k, v in params.items() if k not in variables}
+        variables = {k: tf.Variable(model.params[k]) for k in model.trainable}
+        frozen = {k: v for k, v in model.params.items() if k not in variables}
 
         @tf.function
         def zoo_step():
             with tf.GradientTape() as tape:
-                out, _ = apply(ops, {**frozen, **variables}, x, spec=model.spec, train=True, **extra)
+                out, _ = apply(ops, {**frozen, **variables}, x, spec=zoo_spec, train=True, **extra)
                 loss = loss_of(out)
             targets = list(variables.values())
             sgd(tape.gradient(loss, targets), targets)
 
-        built["zoo"] = (lambda: zoo_f(x, extra).numpy(), zoo_step, model)
+        zoo_fwd = None
+        if forward:  # the forward reads the model's own weights (immutable: conv kernels laid out once)
+            params = dict(model.params)
+            zoo_f = tf.function(lambda x, extra: apply(ops, params, x, spec=zoo_spec, **extra))
+            zoo_fwd = lambda: zoo_f(x, extra).numpy()
+        else:  # the variables are the one copy of the trained weights, as keras-hub's are
+            model = None
+        built["zoo"] = (zoo_fwd, zoo_step, model)
     if "canonical" in sides:
         backbone, keras_in, features, classes = keras_backbone_of(name, spec)
         head = tf.Variable(head_of(name, spec, features, classes))
         k_in = tf.nest.map_structure(tf.constant, keras_in(data))
-        keras_f = tf.function(lambda inp: keras_output(name, backbone(inp, training=False), head))
+        keras_f = tf.function(lambda inp: keras_output(name, backbone(inp, training=False), head)) if forward else None
 
         @tf.function
         def keras_step():
@@ -601,7 +615,7 @@ def tensorflow_sides(name: str, data: dict, sides: tuple[str, ...], args: argpar
             targets = list(backbone.trainable_variables) + [head]
             sgd(tape.gradient(loss, targets), targets)
 
-        built["canonical"] = (lambda: keras_f(k_in).numpy(), keras_step, backbone)
+        built["canonical"] = ((lambda: keras_f(k_in).numpy()) if forward else None, keras_step, backbone)
     return built
 
 
