@@ -80,3 +80,23 @@ def test_a_misaligned_numpy_view_given_to_tensorflow_computes_the_right_matmul()
     """)
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0 and done.stdout.strip() == "ok", f"exit {done.returncode}\n{done.stderr[-3000:]}"
+
+
+@pytest.mark.skipif(not {"jax", "tensorflow"} <= set(selected_backends()), reason="needs JAX and TensorFlow installed")
+def test_a_column_major_array_jax_took_without_a_copy_reaches_tensorflow_row_major():
+    # JAX takes an aligned transposed NumPy view without a copy and keeps its column-major
+    # layout; TensorFlow refuses those strides ("Invalid strides array from DLPack"), so the
+    # hand-off copies. Hypothesis met this case one run in several; here it runs every time.
+    script = textwrap.dedent("""
+        import numpy as np, tensorflow as tf, xdevice
+        buf = np.arange(64, dtype=np.float32)
+        start = (-buf.ctypes.data % 64) // 4  # the first 64-byte aligned element
+        x = buf[start : start + 24].reshape(4, 6).T  # aligned, column-major
+        assert x.ctypes.data % 64 == 0 and not x.flags.c_contiguous
+        held = xdevice.convert(x, to="jax")
+        t = xdevice.convert(held, to="tensorflow")
+        np.testing.assert_array_equal(tf.add(t, t).numpy(), x + x)
+        print("ok")
+    """)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", f"exit {done.returncode}\n{done.stderr[-3000:]}"

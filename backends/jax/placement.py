@@ -68,6 +68,17 @@ class Placement:
     def data_pointer(self, x: Any) -> int:
         return int(x.unsafe_buffer_pointer())
 
+    def is_dense(self, x: Any) -> bool:
+        # An array JAX took from a strided DLPack buffer without a copy (a transposed NumPy
+        # view, 64-byte aligned) keeps that buffer's layout and exports its strides: a consumer
+        # that takes only row-major buffers (TensorFlow) refuses it. Its layout says so.
+        layout = getattr(getattr(x, "format", None), "layout", None)
+        order = getattr(layout, "major_to_minor", None)
+        return order is None or tuple(order) == tuple(range(len(order)))
+
+    def dense(self, x: Any) -> Any:
+        return x if self.is_dense(x) else jnp.array(np.asarray(x))
+
     def to_numpy(self, x: Any) -> Any:
         return np.asarray(x)
 
