@@ -84,14 +84,28 @@ def eager_source(model, source: str):
     if source == "tensorflow":
         module = models.to_native(placed, "tensorflow")
         return (lambda x: module(x)), backend
-    apply_fn, params = models.to_native(placed, "jax")
+    apply_fn, params = models.to_native(model, "jax")
     return (lambda x: apply_fn(params, x)), backend
+
+
+def round_trips(names: list[str], sources: list[str]):
+    """For each zoo model and source framework: ``(name, source, the zoo model on it, backend,
+    export result, imported model, zoo runner)``: the model exported from the source and
+    imported back onto it."""
+    from zoo import zoo_runner
+
+    for name in names:
+        model = models.build(name, seed=0)
+        for source in sources:
+            placed = model.to(source)
+            result = export(placed, example_inputs=model.example_input(4))
+            imported = from_onnx(result.model, backend=source)
+            yield name, source, placed, xdevice.backend(source), result, imported, zoo_runner(placed, source)
 
 
 def speed(names: list[str], sources: list[str], repeats: int) -> None:
     """Imported onto its own backend against the zoo model and ONNX Runtime (part 2)."""
     import onnxruntime
-    from zoo import zoo_runner
 
     print(
         "imported = the zoo model exported from the backend and imported back onto it; ms per call, "
@@ -101,35 +115,28 @@ def speed(names: list[str], sources: list[str], repeats: int) -> None:
         f"{'model':<12} {'backend':<11} {'batch':>5} {'imported ms':>20} {'zoo ms':>20} {'ORT ms':>20} "
         f"{'imported/zoo':>18} {'imported/ORT':>18}"
     )
-    for name in names:
-        model = models.build(name, seed=0)
-        for source in sources:
-            placed = model.to(source)
-            backend = xdevice.backend(source)
-            result = export(placed, example_inputs=model.example_input(4))
-            imported = from_onnx(result.model, backend=source)
-            zoo = zoo_runner(placed, source)
-            session = onnxruntime.InferenceSession(
-                result.model.SerializeToString(), ort_options(), providers=["CPUExecutionProvider"]
+    for name, source, model, backend, result, imported, zoo in round_trips(names, sources):
+        session = onnxruntime.InferenceSession(
+            result.model.SerializeToString(), ort_options(), providers=["CPUExecutionProvider"]
+        )
+        feed_name = session.get_inputs()[0].name
+        for batch in (1, 32):
+            x = model.example_input(batch, seed=1)
+            xin = backend.ops.asarray(x)
+            to_numpy = backend.ops.to_numpy
+            sides = {
+                "imported": lambda: to_numpy(imported(xin)),
+                "zoo": lambda: to_numpy(zoo(xin)),
+                "ort": lambda: session.run(None, {feed_name: x}),
+            }
+            times = interleaved(sides, samples=repeats, inner=10, warmup=3, budget=20)
+            print(
+                f"{name:<12} {source:<11} {batch:>5} {cell(times['imported'], 'ms'):>20} "
+                f"{cell(times['zoo'], 'ms'):>20} {cell(times['ort'], 'ms'):>20} "
+                f"{ratio_cell(times['imported'], times['zoo']):>18} "
+                f"{ratio_cell(times['imported'], times['ort']):>18}",
+                flush=True,
             )
-            feed_name = session.get_inputs()[0].name
-            for batch in (1, 32):
-                x = model.example_input(batch, seed=1)
-                xin = backend.ops.asarray(x)
-                to_numpy = backend.ops.to_numpy
-                sides = {
-                    "imported": lambda: to_numpy(imported(xin)),
-                    "zoo": lambda: to_numpy(zoo(xin)),
-                    "ort": lambda: session.run(None, {feed_name: x}),
-                }
-                times = interleaved(sides, samples=repeats, inner=10, warmup=3, budget=20)
-                print(
-                    f"{name:<12} {source:<11} {batch:>5} {cell(times['imported'], 'ms'):>20} "
-                    f"{cell(times['zoo'], 'ms'):>20} {cell(times['ort'], 'ms'):>20} "
-                    f"{ratio_cell(times['imported'], times['zoo']):>18} "
-                    f"{ratio_cell(times['imported'], times['ort']):>18}",
-                    flush=True,
-                )
 
 
 #: HLO ops that only relabel or pass values (no work): left out when programs are compared
@@ -174,7 +181,6 @@ def _cpu_us_per_call(sides: dict, repeats: int, seconds: float = 0.1) -> dict[st
 
 def calls(names: list[str], sources: list[str], repeats: int) -> None:
     """Per-call cost of imported against zoo, free of the machine's load (part 3)."""
-    from zoo import zoo_runner
 
     print(
         "imported vs zoo, per call: compiled program ops (JAX; layout-only ops left out) and CPU us "
@@ -184,51 +190,42 @@ def calls(names: list[str], sources: list[str], repeats: int) -> None:
         f"{'model':<12} {'backend':<11} {'batch':>5} {'imported us':>11} {'zoo us':>9} {'program us':>10} "
         f"{'python us':>9} {'imported/zoo':>12}  program ops, imported vs zoo"
     )
-    for name in names:
-        model = models.build(name, seed=0)
-        for source in sources:
-            placed = model.to(source)
-            backend = xdevice.backend(source)
-            result = export(placed, example_inputs=model.example_input(4))
-            imported = from_onnx(result.model, backend=source)
-            zoo = zoo_runner(placed, source)
-            to_numpy = backend.ops.to_numpy
-            for batch in (1, 32):
-                xin = backend.ops.asarray(model.example_input(batch, seed=1))
-                imported(xin)
-                # the program a call runs and what it takes (private: what __call__ looks up)
-                program = imported._known.get(_quick_key((xin,)))
-                if program is None:
-                    print(f"{name:<12} {source:<11} {batch:>5} not captured: the imported model runs interpreted")
-                    continue
-                weights = imported._weights() if imported._prepare or imported._preparing else imported.params
-                sides = {
-                    "imported": lambda: to_numpy(imported(xin)),
-                    "zoo": lambda: to_numpy(zoo(xin)),
-                    "program": lambda: to_numpy(program(weights, xin)[0]),
-                }
-                best = _cpu_us_per_call(sides, repeats)
-                # the Python of a call alone: the program stood in for by a function that returns
-                # its outputs, against that function called directly (a few us, so no load hides it)
-                outputs = program(weights, xin)
-                imported._known[_quick_key((xin,))] = stand_in = lambda w, *xs: outputs
-                python = _cpu_us_per_call(
-                    {"call": lambda: imported(xin), "stand-in": lambda: stand_in(weights, xin)}, repeats, 0.02
-                )
-                imported._known[_quick_key((xin,))] = program
-                ops = "-"
-                if source == "jax":
-                    apply_fn, params = models.to_native(placed, "jax")
-                    zoo_text = jax_compiled_text(apply_fn, params, xin)
-                    ops = _compare_programs(
-                        _hlo_ops(program.lower(weights, xin).compile().as_text()), _hlo_ops(zoo_text)
-                    )
-                print(
-                    f"{name:<12} {source:<11} {batch:>5} {best['imported']:>11.1f} {best['zoo']:>9.1f} "
-                    f"{best['program']:>10.1f} {python['call'] - python['stand-in']:>9.2f} "
-                    f"{best['imported'] / best['zoo']:>11.3f}x  {ops}",
-                    flush=True,
-                )
+    for name, source, model, backend, _, imported, zoo in round_trips(names, sources):
+        to_numpy = backend.ops.to_numpy
+        for batch in (1, 32):
+            xin = backend.ops.asarray(model.example_input(batch, seed=1))
+            imported(xin)
+            # the program a call runs and what it takes (private: what __call__ looks up)
+            program = imported._known.get(_quick_key((xin,)))
+            if program is None:
+                print(f"{name:<12} {source:<11} {batch:>5} not captured: the imported model runs interpreted")
+                continue
+            weights = imported._weights() if imported._prepare or imported._preparing else imported.params
+            sides = {
+                "imported": lambda: to_numpy(imported(xin)),
+                "zoo": lambda: to_numpy(zoo(xin)),
+                "program": lambda: to_numpy(program(weights, xin)[0]),
+            }
+            best = _cpu_us_per_call(sides, repeats)
+            # the Python of a call alone: the program stood in for by a function that returns
+            # its outputs, against that function called directly (a few us, so no load hides it)
+            outputs = program(weights, xin)
+            imported._known[_quick_key((xin,))] = stand_in = lambda w, *xs: outputs
+            python = _cpu_us_per_call(
+                {"call": lambda: imported(xin), "stand-in": lambda: stand_in(weights, xin)}, repeats, 0.02
+            )
+            imported._known[_quick_key((xin,))] = program
+            ops = "-"
+            if source == "jax":
+                apply_fn, params = models.to_native(model, "jax")
+                zoo_text = jax_compiled_text(apply_fn, params, xin)
+                ops = _compare_programs(_hlo_ops(program.lower(weights, xin).compile().as_text()), _hlo_ops(zoo_text))
+            print(
+                f"{name:<12} {source:<11} {batch:>5} {best['imported']:>11.1f} {best['zoo']:>9.1f} "
+                f"{best['program']:>10.1f} {python['call'] - python['stand-in']:>9.2f} "
+                f"{best['imported'] / best['zoo']:>11.3f}x  {ops}",
+                flush=True,
+            )
 
 
 def jax_compiled_text(apply_fn, params, x) -> str:

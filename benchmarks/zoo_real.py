@@ -529,29 +529,6 @@ def jax_sides(name: str, data: dict, sides: tuple[str, ...], args: argparse.Name
     return built
 
 
-def jax_worker(args: argparse.Namespace) -> None:
-    import jax
-
-    for name in args.models:
-        _, data, note = spec_and_inputs(name, args)
-        try:
-            sides = jax_sides(name, data, ("zoo", "canonical"), args)
-        except KerasRefuses as error:
-            print(f"{name:<9} jax keras-hub refuses this configuration: {error}", flush=True)
-            continue
-        (zoo_fwd, zoo_train, model), (keras_fwd, keras_train, backbone) = sides["zoo"], sides["canonical"]
-        shape_ok = zoo_fwd().shape == keras_fwd().shape
-        fwd = timed({"zoo": zoo_fwd, "canonical": keras_fwd}, args) if "forward" in args.measure else None
-        train = timed({"zoo": zoo_train, "canonical": keras_train}, args) if "train" in args.measure else None
-        row(name, "jax", f"keras-hub {type(backbone).__name__}", fwd, train, note, same_shape(shape_ok))
-
-        if name == "gpt2" and "generate" in args.measure:
-            prompt = jax.numpy.asarray(data["x"])[: args.gen_batch, : prompt_length(model.spec, args)]
-            zoo_gen = lambda: jax.block_until_ready(model.generate(prompt, max_new_tokens=args.new_tokens))
-            zoo_t, _ = timed({"zoo": zoo_gen, "none": lambda: None}, args)
-            generation_row("jax", "", zoo_t, None, args, True, prompt.shape[1])
-
-
 def tensorflow_sides(
     name: str, data: dict, sides: tuple[str, ...], args: argparse.Namespace, forward: bool = True
 ) -> dict:
@@ -619,19 +596,31 @@ def tensorflow_sides(
     return built
 
 
-def tensorflow_worker(args: argparse.Namespace) -> None:
+def keras_worker(args: argparse.Namespace) -> None:
+    """JAX or TensorFlow (``--worker``): each model's zoo side against keras-hub's."""
+    framework = args.worker
     for name in args.models:
         _, data, note = spec_and_inputs(name, args)
         try:
-            sides = tensorflow_sides(name, data, ("zoo", "canonical"), args)
+            sides = {"jax": jax_sides, "tensorflow": tensorflow_sides}[framework](
+                name, data, ("zoo", "canonical"), args
+            )
         except KerasRefuses as error:
-            print(f"{name:<9} tensorflow keras-hub refuses this configuration: {error}", flush=True)
+            print(f"{name:<9} {framework} keras-hub refuses this configuration: {error}", flush=True)
             continue
-        (zoo_fwd, zoo_train, _), (keras_fwd, keras_train, backbone) = sides["zoo"], sides["canonical"]
+        (zoo_fwd, zoo_train, model), (keras_fwd, keras_train, backbone) = sides["zoo"], sides["canonical"]
         shape_ok = zoo_fwd().shape == keras_fwd().shape
         fwd = timed({"zoo": zoo_fwd, "canonical": keras_fwd}, args) if "forward" in args.measure else None
         train = timed({"zoo": zoo_train, "canonical": keras_train}, args) if "train" in args.measure else None
-        row(name, "tensorflow", f"keras-hub {type(backbone).__name__}", fwd, train, note, same_shape(shape_ok))
+        row(name, framework, f"keras-hub {type(backbone).__name__}", fwd, train, note, same_shape(shape_ok))
+
+        if framework == "jax" and name == "gpt2" and "generate" in args.measure:
+            import jax
+
+            prompt = jax.numpy.asarray(data["x"])[: args.gen_batch, : prompt_length(model.spec, args)]
+            zoo_gen = lambda: jax.block_until_ready(model.generate(prompt, max_new_tokens=args.new_tokens))
+            zoo_t, _ = timed({"zoo": zoo_gen, "none": lambda: None}, args)
+            generation_row("jax", "", zoo_t, None, args, True, prompt.shape[1])
 
 
 def head_of(name: str, spec: dict, features, classes) -> np.ndarray:
@@ -648,7 +637,7 @@ def same_shape(ok: bool) -> str:
     return "same shape (random weights)" if ok else "SHAPE DIFFERS"
 
 
-WORKERS = {"torch": torch_worker, "jax": jax_worker, "tensorflow": tensorflow_worker}
+WORKERS = {"torch": torch_worker, "jax": keras_worker, "tensorflow": keras_worker}
 
 
 def main() -> None:
