@@ -374,7 +374,7 @@ def client_process(spec: dict) -> None:
 
 
 def loadavg() -> str:
-    return " ".join(Path("/proc/loadavg").read_text().split()[:3])
+    return " ".join(f"{load:.2f}" for load in os.getloadavg())
 
 
 def main() -> None:
@@ -469,13 +469,19 @@ def _median(cells: list, key: str) -> tuple[float, str]:
     ), f"{min(values):.0f}-{max(values):.0f}" if key == "rps" else f"{min(values):.2f}-{max(values):.2f}"
 
 
-def _cpu(cells: list) -> str:
-    """A cell's server + client CPU milliseconds per request (medians of the rounds)."""
+def _cpu_medians(cells: list) -> tuple[float, float] | None:
+    """A cell's server and client CPU milliseconds per request (medians of the rounds)."""
     cells = [c for c in cells if "problem" not in c]
     if not cells:
-        return "-"
+        return None
     srv, cli = (statistics.median(c[k] for c in cells) for k in ("server_cpu_ms", "client_cpu_ms"))
-    return f"{srv:.2f} + {cli:.2f}"
+    return srv, cli
+
+
+def _cpu(cells: list) -> str:
+    """A cell's ``server + client`` CPU milliseconds per request."""
+    medians = _cpu_medians(cells)
+    return "-" if medians is None else f"{medians[0]:.2f} + {medians[1]:.2f}"
 
 
 def report(results: dict, raw: dict, problems: dict, args, low: int, high: int) -> None:
@@ -517,9 +523,9 @@ def report(results: dict, raw: dict, problems: dict, args, low: int, high: int) 
         for transport in args.transports:
             caps = []
             for server in servers:
-                cells = [c for c in results.get((server, name, transport, high), []) if "problem" not in c]
-                if cells:
-                    srv, cli = (statistics.median(c[k] for c in cells) for k in ("server_cpu_ms", "client_cpu_ms"))
+                medians = _cpu_medians(results.get((server, name, transport, high), []))
+                if medians is not None:
+                    srv, cli = medians
                     clients = min(args.client_processes, high)
                     caps.append(f"{server} {clients * 1000 / cli:.0f} / {os.cpu_count() * 1000 / (srv + cli):.0f}")
             print(f"  {transport:<7} req/s at most (client / both): " + "; ".join(caps))

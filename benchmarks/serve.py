@@ -52,11 +52,10 @@ CONFIGS = {
 
 
 def rss_mib(pid: int) -> float:
-    """The resident memory of process ``pid`` (the server), from /proc/<pid>/status."""
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return float("nan")
+    """The resident memory of process ``pid`` (the server), in MiB."""
+    import psutil
+
+    return psutil.Process(pid).memory_info().rss / 2**20
 
 
 def build_repository(root: Path, names: list[str]) -> dict[str, np.ndarray]:
@@ -144,31 +143,25 @@ class Clients:
 
 
 def process_tree(pid: int) -> list[int]:
-    """``pid`` and every process below it (a server's workers), from /proc."""
-    children: dict[int, list[int]] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:  # gone meanwhile
-            continue
-        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
-    tree, todo = [], [pid]
-    while todo:
-        tree.append(todo.pop())
-        todo += children.get(tree[-1], [])
-    return tree
+    """``pid`` and every process below it (a server's workers)."""
+    import psutil
+
+    root = psutil.Process(pid)
+    return [root.pid, *(child.pid for child in root.children(recursive=True))]
 
 
 def cpu_seconds(pids: list[int]) -> float:
     """CPU seconds (user + system, every thread) the processes ``pids`` have used so far."""
-    ticks = 0
+    import psutil
+
+    total = 0.0
     for pid in pids:
         try:
-            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:  # a worker that ended: its time is lost, as it is from ps
+            times = psutil.Process(pid).cpu_times()
+        except psutil.NoSuchProcess:  # a worker that ended: its time is lost, as it is from ps
             continue
-        ticks += int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15 of stat)
-    return ticks / os.sysconf("SC_CLK_TCK")
+        total += times.user + times.system
+    return total
 
 
 def own_cpu_seconds() -> float:

@@ -534,8 +534,8 @@ def tensorflow_sides(
 ) -> dict:
     """``{side: (forward, training step, model or backbone)}`` on TensorFlow, as
     :func:`jax_sides`; without ``forward`` the zoo side keeps no copy of its weights beside the
-    variables it trains (keras-hub's variables are its one copy too: the 16-block llama's zoo
-    side held 1.1 GiB a block more with both)."""
+    variables it trains (keras-hub's variables are its one copy too: at llama's size a second
+    copy is gigabytes)."""
     import tensorflow as tf
 
     from xdevice.models import definition

@@ -94,6 +94,11 @@ def test_a_column_major_array_jax_took_without_a_copy_reaches_tensorflow_row_maj
         x = buf[start : start + 24].reshape(4, 6).T  # aligned, column-major
         assert x.ctypes.data % 64 == 0 and not x.flags.c_contiguous
         held = xdevice.convert(x, to="jax")
+        jax_backend = xdevice.backend("jax")
+        assert not jax_backend.is_dense(held)  # a consumer that ignores strides (ONNX Runtime) gets
+        dense = jax_backend.dense(held)  # a row-major copy
+        assert jax_backend.is_dense(dense)
+        np.testing.assert_array_equal(np.asarray(dense), x)
         t = xdevice.convert(held, to="tensorflow")
         np.testing.assert_array_equal(tf.add(t, t).numpy(), x + x)
         print("ok")

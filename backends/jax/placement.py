@@ -77,7 +77,7 @@ class Placement:
         return order is None or tuple(order) == tuple(range(len(order)))
 
     def dense(self, x: Any) -> Any:
-        return x if self.is_dense(x) else jnp.array(np.asarray(x))
+        return x if self.is_dense(x) else jnp.array(x, copy=True)  # a copy has the default layout
 
     def to_numpy(self, x: Any) -> Any:
         return np.asarray(x)
