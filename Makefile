@@ -38,7 +38,8 @@ test: lint
 
 # The longer sets behind the realworld marker: the whole real-model suite (tests/realworld:
 # transformers, keras.applications, Flax, equinox), the rest of the conversion matrix and JAX's
-# run of the ONNX conformance list; `make test` runs their smoke cases only.
+# run of the ONNX conformance list; `make test` runs their smoke cases only. Also the checks of
+# the example scripts `make demo` runs (tests/training/test_example.py, tests/serving/test_example.py).
 # Ray Train (the deploy/training/ray_train.py test) is installed for this set only, and the
 # serving peers (the KServe client test).
 test-models: $(STAMP) $(VENV)/.installed-ray peers

@@ -13,6 +13,7 @@ EXAMPLE = Path(__file__).parents[2] / "examples" / "serve_end_to_end.py"
 
 
 @pytest.mark.slow
+@pytest.mark.realworld  # make test-models (21 s here); `make demo` runs the same example
 def test_train_export_serve_and_query_with_the_standard_client(tmp_path):
     pytest.importorskip("torch")
     pytest.importorskip("tritonclient.http")

@@ -4,6 +4,7 @@ hop), anything else on the model's instance threads, with the same answer either
 from __future__ import annotations
 
 import asyncio
+import math
 import threading
 
 import numpy as np
@@ -50,11 +51,19 @@ def _threads_that_ran(plane, requests: int, together: bool) -> tuple[list[str], 
 
 
 def test_a_fast_models_lone_requests_run_on_the_event_loop_after_the_first(plane):
-    ran_on, answers = _threads_that_ran(plane, 3, together=False)
-    loop_thread = threading.current_thread().name  # asyncio.run runs the loop on this thread
-    assert ran_on[0].startswith("xdevice-dense-")  # nothing measured yet: an instance thread
-    assert ran_on[1:] == [loop_thread, loop_thread]
-    for answer in answers:
+    from xdevice.serving.models import INLINE_BELOW
+
+    loaded = plane.models.get("dense")
+    first_on, answers = _threads_that_ran(plane, 1, together=False)
+    assert len(first_on) == 1 and first_on[0].startswith("xdevice-dense-")  # nothing measured yet
+    assert 0 < loaded.recent < math.inf  # the first run was timed
+    # How long a run takes depends on the machine's load (a first run under a loaded CI took
+    # over a millisecond): set the measure, as the slow-model test below does, so what is
+    # checked is the choice the measure drives.
+    loaded.recent = INLINE_BELOW / 10
+    then_on, more = _threads_that_ran(plane, 1, together=False)
+    assert then_on == [threading.current_thread().name]  # asyncio.run's loop runs on this thread
+    for answer in answers + more:
         np.testing.assert_allclose(answer["y"], np.maximum(X @ W + B, 0), rtol=1e-6)
         np.testing.assert_allclose(answer["total"], X.sum(axis=1), rtol=1e-6)
 

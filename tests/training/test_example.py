@@ -15,7 +15,9 @@ EXAMPLE = Path(__file__).parents[2] / "examples" / "train_anywhere.py"
 
 @pytest.mark.slow
 @pytest.mark.parametrize("framework", ["torch", "jax", "tensorflow"])
-@pytest.mark.realworld_on("jax", "tensorflow")  # 25-30 s each; their fit and export paths: test_fit, test_matrix
+# make test-models: 10-30 s each; `make demo` runs the script on torch, and its fit and export
+# paths run in make test through test_fit and test_matrix
+@pytest.mark.realworld
 def test_train_anywhere_trains_exports_and_matches_onnx_runtime(framework):
     pytest.importorskip(framework)
     pytest.importorskip("onnxruntime")
@@ -35,7 +37,14 @@ def test_train_anywhere_trains_exports_and_matches_onnx_runtime(framework):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("framework, precision", [("torch", "float16"), ("jax", "bfloat16")])
+@pytest.mark.parametrize(
+    "framework, precision",
+    [
+        ("torch", "float16"),
+        # make test-models: `make demo` runs the recipe on JAX in bfloat16
+        pytest.param("jax", "bfloat16", marks=pytest.mark.realworld),
+    ],
+)
 def test_the_training_recipe_stops_early_and_its_best_checkpoint_scores_as_recorded(framework, precision):
     pytest.importorskip(framework)
     pytest.importorskip("tensorboardX")
@@ -89,6 +98,7 @@ def test_the_scaling_benchmark_runs_its_one_vs_n_path_on_virtual_cpus():
 
 
 @pytest.mark.slow
+@pytest.mark.realworld  # make test-models (23 s here); `make demo` runs the same walk-through
 def test_the_first_contact_walk_through_agrees_on_every_backend_and_prints_no_framework_chatter():
     """scikit-learn's digits: the zoo mlp trained on each installed backend to one accuracy, the
     test split converted into each framework, ONNX Runtime agreeing; stderr stays empty (no
