@@ -18,7 +18,7 @@ rounds). Transports: ``json`` (``tritonclient.http`` with ``binary_data=False`` 
 ``session.run`` at batch 1 in this process, measured in every round too.
 
 Each row also gives the CPU milliseconds per request, server + client, at both concurrencies:
-the CPU seconds the server's processes (from /proc) and this process (the ``tritonclient``
+the CPU seconds the server's processes (psutil) and this process (the ``tritonclient``
 load and its event loop) used over the measured window, over the requests answered. They say
 where a rate comes from when the clock cannot: the client and the servers share this machine's
 cores, and one client event loop sends at most 1000 / (client ms) requests a second, whatever

@@ -241,40 +241,55 @@ def train_apart(args: argparse.Namespace) -> None:
                 worker += ["--worker", framework, "--weights", folder]
                 if framework == "torch":
                     subprocess.run([*worker, "--side", "save"], check=True, env=env)
-                times: dict[str, list[float]] = {"zoo": [], "canonical": []}
+                runs: dict[str, list[list[float]]] = {"zoo": [], "canonical": []}  # seconds, GiB, faults
                 for _ in range(args.repeats):
-                    for side in times:
+                    for side, measured in runs.items():
                         done = subprocess.run(
                             [*worker, "--side", side], check=True, stdout=subprocess.PIPE, text=True, env=env
                         )
-                        times[side].append(float(done.stdout.split()[-1]))
+                        measured.append([float(word) for word in done.stdout.split()[-3:]])
+            zoo, other = (np.median(np.array(runs[side]), axis=0) for side in runs)
             what = HF_CLASS[name] if framework == "torch" else KERAS_CLASS[name]
             apart_note = f"each side in its own process, {args.warmup} warm-up step(s) per process"
-            row(name, framework, f"{canonical} {what}", None, tuple(times.values()), note, apart_note)
+            times = tuple([seconds for seconds, _, _ in runs[side]] for side in runs)
+            row(name, framework, f"{canonical} {what}", None, times, note, apart_note)
+            print(
+                f"  {name} {framework}, medians of the processes: peak resident memory {zoo[1]:.1f} GiB zoo "
+                f"vs {other[1]:.1f} GiB {canonical}; page faults in the timed step {zoo[2]:,.0f} vs {other[2]:,.0f}",
+                flush=True,
+            )
 
 
 def keras_side(args: argparse.Namespace) -> None:
     """One side of ``--apart`` on JAX or TensorFlow in this process: ``--warmup`` training
-    steps, then one timed; prints its seconds."""
-    import time
-
+    steps, then one timed (:func:`one_timed_step`)."""
     (name,) = args.models
     _, data, _ = spec_and_inputs(name, args)
     sides = {"jax": jax_sides, "tensorflow": tensorflow_sides}[args.worker]
     _, step, _ = sides(name, data, (args.side,), args, forward=False)[args.side]
-    for _ in range(args.warmup):
+    one_timed_step(step, args.warmup)
+
+
+def one_timed_step(step, warmup: int) -> None:
+    """``warmup`` steps, then one timed: prints its seconds, this process's peak resident memory
+    (GiB) and the page faults the timed step took (memory it touched afresh)."""
+    import resource
+    import time
+
+    for _ in range(warmup):
         step()
+    faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     begin = time.perf_counter()
     step()
-    print(time.perf_counter() - begin, flush=True)
+    seconds = time.perf_counter() - begin
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    print(seconds, usage.ru_maxrss / 2**20, usage.ru_minflt - faults, flush=True)
 
 
 def torch_side(args: argparse.Namespace) -> None:
     """One side of ``--apart`` in this process: ``save`` writes the zoo's weights to
     ``--weights``; ``zoo`` or ``canonical`` loads them, runs ``--warmup`` training steps and
-    one timed, and prints its seconds."""
-    import time
-
+    one timed (:func:`one_timed_step`)."""
     import torch
     import transformers
 
@@ -318,11 +333,7 @@ def torch_side(args: argparse.Namespace) -> None:
         loss.backward()
         optimizer.step()
 
-    for _ in range(args.warmup):
-        step()
-    begin = time.perf_counter()
-    step()
-    print(time.perf_counter() - begin, flush=True)
+    one_timed_step(step, args.warmup)
 
 
 def prompt_length(spec: dict, args: argparse.Namespace) -> int:
