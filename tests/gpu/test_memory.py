@@ -26,7 +26,7 @@ def test_a_torch_memory_limit_is_enforced(run_python):
             print("refused past the limit")
         print(xdevice.memory_stats("gpu:0", backend="torch").limit)
     """)
-    assert result.stdout.split() == ["enforced", "refused past the limit", str(2**30)], result.stderr
+    assert result.stdout.splitlines() == ["enforced", "refused past the limit", str(2**30)], result.stderr
 
 
 def test_a_jax_memory_limit_refuses_an_allocation_past_it(run_python):
