@@ -30,6 +30,9 @@ the step stays the same on one device, several, or several processes:
   transformers' attention and MLP weights split over ``model`` (:func:`tensor_parallel_axis`)
   and the batch over ``data`` (``mesh={"data": 2, "model": 2}``); a backend whose ``Replication``
   sets ``supports_tensor_parallel`` overrides it (JAX; PyTorch across launched processes), the rest refuse.
+  For a program whose forward takes them so (``Program.fused_by_parts``: the zoo's), the fused
+  ``attn.qkv`` is held by its parts, ``(in, 3, out)`` (:func:`tensor_parallel_shape`), so that
+  each device holds whole heads of q, k and v; ``whole`` and ``saved`` give the saved shapes back.
 
 :class:`Replicas` itself is the one-device case and the defaults the engines build on.
 Importing this module imports no framework.
@@ -46,6 +49,7 @@ from xdevice._errors import ConfigurationError, message
 
 __all__ = [
     "COLUMN_SPLIT",
+    "FUSED",
     "MESH_AXES",
     "PRECISIONS",
     "ROW_SPLIT",
@@ -53,9 +57,11 @@ __all__ = [
     "Program",
     "Replicas",
     "donating",
+    "saved_shape",
     "shard_axis",
     "shard_bytes",
     "tensor_parallel_axis",
+    "tensor_parallel_shape",
 ]
 
 PRECISIONS = ("float32", "bfloat16", "float16")
@@ -107,18 +113,35 @@ MESH_AXES = ("data", "model")
 COLUMN_SPLIT = ("attn.qkv", "attn.q", "attn.k", "attn.v", "mlp.fc1", "mlp.up", "mlp.gate")
 ROW_SPLIT = ("attn.out", "mlp.fc2", "mlp.down")
 
+#: the fused projections: one layer whose output columns are several projections side by side,
+#: each a whole number of heads (``attn.qkv``: ``[q | k | v]``), by how many
+FUSED = {"attn.qkv": 3}
+
+#: how many axes a column layer's ``weight`` and ``bias`` have as saved, ``(in, out)`` and ``(out,)``
+_SAVED_RANK = {"weight": 2, "bias": 1}
+
+
+def _layer(name: str) -> tuple[str, str]:
+    """``(layer, leaf)`` of the parameter ``name`` or its optimizer slot (``m/<name>``):
+    ``("attn.qkv", "weight")`` for ``block0.attn.qkv.weight``."""
+    parts = name.rsplit("/", 1)[-1].split(".")  # an optimizer slot follows its parameter
+    return ".".join(parts[-3:-1]), parts[-1]
+
 
 def tensor_parallel_axis(name: str, shape: tuple[int, ...], count: int) -> int | None:
     """The axis the parameter ``name`` (or its optimizer slot, ``m/<name>``) of ``shape`` is
     split along over a ``model`` mesh axis of ``count`` devices, or None (copied whole).
     A :data:`COLUMN_SPLIT` layer's weight ``(in, out)`` and bias split along ``out``; a
     :data:`ROW_SPLIT` layer's weight along ``in``, its bias whole (added once, after the sum).
-    An axis that ``count`` does not divide is not split. One rule, read by the engine that
-    splits and by the memory estimate.
+    A fused projection held by its parts (:func:`tensor_parallel_shape`) splits along its last
+    axis too. An axis that ``count`` does not divide is not split. One rule, read by the engine
+    that splits and by the memory estimate.
 
     >>> split = tensor_parallel_axis
     >>> split("block0.attn.qkv.weight", (32, 96), 2), split("m/block0.attn.qkv.bias", (96,), 2)
     (1, 0)
+    >>> split("block0.attn.qkv.weight", (32, 3, 32), 2), split("block0.attn.qkv.bias", (3, 32), 2)
+    (2, 1)
     >>> split("block0.mlp.down.weight", (64, 32), 4), split("block0.attn.out.bias", (32,), 2)
     (0, None)
     >>> split("tokens.weight", (96, 32), 2), split("block0.mlp.up.weight", (32, 6), 4)
@@ -126,8 +149,7 @@ def tensor_parallel_axis(name: str, shape: tuple[int, ...], count: int) -> int |
     """
     if count <= 1 or not shape:
         return None
-    parts = name.rsplit("/", 1)[-1].split(".")  # an optimizer slot follows its parameter
-    layer, leaf = ".".join(parts[-3:-1]), parts[-1]
+    layer, leaf = _layer(name)
     if layer in COLUMN_SPLIT:
         axis = len(shape) - 1
     elif layer in ROW_SPLIT and leaf == "weight":
@@ -135,6 +157,53 @@ def tensor_parallel_axis(name: str, shape: tuple[int, ...], count: int) -> int |
     else:
         return None
     return axis if shape[axis] % count == 0 else None
+
+
+def tensor_parallel_shape(name: str, shape: tuple[int, ...], count: int) -> tuple[int, ...]:
+    """The shape a model whose forward takes its fused projections by parts (``Program.fused_by_parts``:
+    the zoo's transformers) holds the parameter ``name`` (or its slot) of the saved ``shape`` in,
+    over a ``model`` mesh axis of ``count`` devices.
+
+    A :data:`FUSED` layer's weight ``(in, parts * out)`` is held as ``(in, parts, out)``, its
+    bias ``(parts * out,)`` as ``(parts, out)``: a reshape, not a copy, after which the split
+    along the last axis (:func:`tensor_parallel_axis`) gives device ``i`` the same columns
+    ``i * out / count ..`` of every part. For ``attn.qkv`` those are heads
+    ``i * heads / count ..`` of q, k AND v (Megatron-LM's layout, where ``count`` divides the
+    heads), so each device computes attention for its own heads, with no exchange before it.
+    Split as saved, in contiguous column blocks, device 0 would hold q and part of k, device 1
+    the rest of k and v, and the engine would move activations between them to line heads up.
+    Any other parameter, or a fused one whose parts ``count`` does not split, keeps ``shape``;
+    :func:`saved_shape` undoes it.
+
+    >>> held = tensor_parallel_shape
+    >>> held("block0.attn.qkv.weight", (32, 96), 2), held("v/block0.attn.qkv.bias", (96,), 4)
+    ((32, 3, 32), (3, 32))
+    >>> held("block0.attn.qkv.weight", (32, 96), 3), held("block0.mlp.fc1.weight", (32, 64), 2)
+    ((32, 96), (32, 64))
+    """
+    layer, leaf = _layer(name)
+    parts = FUSED.get(layer)
+    if parts is None or count <= 1 or len(shape) != _SAVED_RANK.get(leaf) or shape[-1] % parts:
+        return shape
+    held = (*shape[:-1], parts, shape[-1] // parts)
+    return held if tensor_parallel_axis(name, held, count) is not None else shape
+
+
+def saved_shape(name: str, shape: tuple[int, ...]) -> tuple[int, ...]:
+    """The saved shape of the parameter ``name`` (or its slot) held in ``shape``: a
+    :data:`FUSED` layer held by its parts (:func:`tensor_parallel_shape`) side by side again;
+    any other shape as it is.
+
+    >>> saved_shape("block0.attn.qkv.weight", (32, 3, 32)), saved_shape("m/block0.attn.qkv.bias", (3, 32))
+    ((32, 96), (96,))
+    >>> saved_shape("block0.attn.qkv.weight", (32, 96)), saved_shape("block0.mlp.fc1.weight", (32, 64))
+    ((32, 96), (32, 64))
+    """
+    layer, leaf = _layer(name)
+    parts = FUSED.get(layer)
+    if parts is None or len(shape) != _SAVED_RANK.get(leaf, -1) + 1 or shape[-2] != parts:
+        return shape
+    return (*shape[:-2], parts * shape[-1])
 
 
 def donating(kinds: Iterable[str]) -> bool:
@@ -154,6 +223,10 @@ class Program:
     """Base: a zoo-style forward over ``backend``'s op set."""
 
     compiles_whole = True  # the whole training step compiles as one program (jax.jit, tf.function)
+    #: whether ``forward`` also takes each :data:`FUSED` projection held by its parts
+    #: (:func:`tensor_parallel_shape`): the zoo's transformers do, and tensor parallel then holds
+    #: them so; any other program keeps its saved shapes (its code may read them)
+    fused_by_parts = False
 
     def __init__(self, backend: str, device: Device, params: dict, buffers: dict):
         self.backend = _registry.backend(backend)
@@ -212,9 +285,36 @@ class Replicas:
 
     rank, count = 0, 1  # this replica's index (processes); how many replicas
     shards = False  # params, gradients and optimizer state split across the replicas (fsdp)
+    model = 1  # how many ways the layers are split (a mesh's "model" axis: tensor parallel)
+    #: whether the fused projections are held by their parts (:func:`tensor_parallel_shape`)
+    #: where the layers are split; the trainer sets it from its program's ``fused_by_parts``
+    fused_by_parts = False
 
     def __init__(self, backend: Any):
         self.backend = backend
+
+    @property
+    def reshapes(self) -> bool:
+        """Whether some arrays are held here in another shape than saved (:meth:`held_shape`)."""
+        return self.fused_by_parts and self.model > 1
+
+    def held_shape(self, name: str, shape: tuple[int, ...]) -> tuple[int, ...]:
+        """The shape the array ``name`` of saved ``shape`` is held in here: a fused
+        projection by its parts where the layers are split and the program takes it so
+        (:func:`tensor_parallel_shape`); anything else as saved."""
+        return tensor_parallel_shape(name, shape, self.model) if self.fused_by_parts else shape
+
+    def saved_shape(self, name: str, shape: tuple[int, ...]) -> tuple[int, ...]:
+        """The shape the array ``name``, held here in ``shape``, is saved and handed back in
+        (the inverse of :meth:`held_shape`)."""
+        return saved_shape(name, shape) if self.reshapes else shape
+
+    def saved(self, arrays: dict[str, Any]) -> dict[str, Any]:
+        """``arrays`` in the shapes they are saved in (:meth:`saved_shape`), left where they
+        are, split arrays still split: what the trainer hands back in the user's model. An
+        engine that holds fused projections by their parts reshapes them here; :meth:`whole`
+        gives the saved shapes too."""
+        return arrays
 
     def place_params(self, arrays: dict[str, Any]) -> dict[str, Any]:
         return arrays
@@ -262,7 +362,8 @@ class Replicas:
         """``arrays`` as code outside the step reads them (evaluation, numpy copies,
         checkpoints). An engine whose shards are not arrays of the whole (PyTorch's DTensors
         under FSDP2) all-gathers here, every rank calling it; JAX's sharded arrays read as whole
-        arrays in one process, and across processes JAX all-gathers them here too."""
+        arrays in one process, and across processes JAX all-gathers them here too. Arrays held
+        in another shape than saved (:meth:`held_shape`) come back in the saved one."""
         return arrays
 
     def tensor_parallel(self, data: int, model: int) -> Replicas:

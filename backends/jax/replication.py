@@ -162,9 +162,10 @@ class ShardedReplicas(Replicas):
         """``arrays`` (sharded over the mesh) whole on ``device``: the explicit gather (across
         processes every process calls it, and each gets the whole arrays on its own device)."""
         where = self.backend.native_device(device)
+        whole = self.whole(arrays)  # across processes all-gathered; in the saved shapes
         if self.processes:
-            return {k: jax.device_put(v.addressable_data(0), where) for k, v in self.whole(arrays).items()}
-        return {k: jax.device_put(v, where) for k, v in arrays.items()}
+            return {k: jax.device_put(v.addressable_data(0), where) for k, v in whole.items()}
+        return {k: jax.device_put(v, where) for k, v in whole.items()}
 
     def whole(self, arrays: dict[str, Any]) -> dict[str, Any]:
         """``arrays`` as code outside the step reads them. In one process a sharded array
@@ -185,7 +186,15 @@ class ShardedReplicas(Replicas):
 class TensorParallelReplicas(ShardedReplicas):
     """A ``data x model`` mesh: the zoo transformers' attention and MLP layers split over
     ``model`` as ``training.tensor_parallel_axis`` says (their gradients and optimizer slots
-    alike), everything else whole on every device, and the batch split over ``data``."""
+    alike), everything else whole on every device, and the batch split over ``data``.
+
+    A fused ``attn.qkv`` is held by its parts where the program takes it so
+    (``fused_by_parts``): ``(width, 3, width)``, split along the last axis, so each device
+    holds the same heads of q, k and v (``training.tensor_parallel_shape``) and XLA's
+    partitioner finds every op up to the attention output local to it. :meth:`whole` and
+    :meth:`saved` reshape it back to ``(width, 3 * width)``: there a ``NamedSharding`` can only
+    split in contiguous column blocks, so the reshape moves columns between devices, once, where
+    the arrays leave the trainer, instead of activations in every step."""
 
     def __init__(self, backend: Any, devices: list[Any], data: int, model: int):
         super().__init__(backend, devices)
@@ -197,6 +206,40 @@ class TensorParallelReplicas(ShardedReplicas):
     def sharding(self, name: str, value: Any) -> NamedSharding:
         """Split along ``training.tensor_parallel_axis`` over ``model``, or whole everywhere."""
         return self._split(training.tensor_parallel_axis(name, tuple(getattr(value, "shape", ())), self.model), "model")
+
+    def place_params(self, arrays: dict[str, Any]) -> dict[str, Any]:
+        return super().place_params({k: self._held(k, v) for k, v in arrays.items()})
+
+    def _held(self, name: str, value: Any) -> Any:
+        """``value`` in the shape it is held in (:meth:`held_shape`): a reshape, on the device it is on."""
+        shape = tuple(getattr(value, "shape", ()))
+        held = self.held_shape(name, shape)
+        return value if held == shape else value.reshape(held)
+
+    def whole(self, arrays: dict[str, Any]) -> dict[str, Any]:
+        """``arrays`` as code outside the step reads them, in the saved shapes: in one process
+        still split (in column blocks where reshaped back), across processes all-gathered."""
+        return {k: self._saved(k, v, whole=self.processes) for k, v in super().whole(arrays).items()}
+
+    def saved(self, arrays: dict[str, Any]) -> dict[str, Any]:
+        return {k: self._saved(k, v, whole=False) for k, v in arrays.items()}
+
+    def _saved(self, name: str, value: Any, whole: bool) -> Any:
+        """``value`` in its saved shape (:meth:`saved_shape`): whole on every device, or split
+        as :meth:`sharding` splits that shape."""
+        shape = tuple(getattr(value, "shape", ()))
+        saved = self.saved_shape(name, shape)
+        if saved == shape:
+            return value
+        where = self.replicated if whole else self.sharding(name, jax.ShapeDtypeStruct(saved, value.dtype))
+        return _reshaping(saved, where)(value)
+
+
+@functools.cache
+def _reshaping(shape: tuple[int, ...], where: NamedSharding) -> Callable[[Any], Any]:
+    """A compiled reshape to ``shape`` whose result lies as ``where`` says (an eager reshape of
+    a split array would put the whole result on every device)."""
+    return jax.jit(lambda value: jnp.reshape(value, shape), out_shardings=where)
 
 
 def _split_across_processes(value: Any) -> bool:

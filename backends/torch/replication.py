@@ -261,7 +261,13 @@ class TensorParallelProcessReplicas(ProcessReplicas):
     ``implicit_replication`` lets DTensor take as a copy. The gradients come back in the
     parameters' layouts; across ``data`` they are summed (``all_reduce`` over the ranks of one
     column), each rank's loss being weighted by its rows, as under DDP. :meth:`whole`
-    all-gathers the whole arrays, every rank calling it.
+    all-gathers the whole arrays, every rank calling it, in their saved shapes.
+
+    A zoo transformer's fused ``attn.qkv`` is held by its parts, ``(width, 3, width)`` split
+    along the last axis (``training.tensor_parallel_shape``): this rank holds the same heads of
+    q, k and v, and its projection, attention and output projection run with no collective
+    before the sum after ``attn.out`` (split as saved, in column blocks, DTensor would all-gather
+    the projection's output to split it into q, k and v, and attend with every head on every rank).
     """
 
     shards = True
@@ -287,11 +293,18 @@ class TensorParallelProcessReplicas(ProcessReplicas):
     def _placed(self, name: str, value: Any) -> Any:
         """``value`` as a DTensor split along ``training.tensor_parallel_axis`` over ``model``
         (or whole on each rank) where it is a floating parameter ``name`` or an optimizer slot
-        (``m/<name>``) shaped like one; anything else (buffers, a batch, the step count) plain."""
-        shape = self.layout.get(name, self.layout.get(name.split("/", 1)[-1]))
-        if shape is None or value.shape != shape or not value.is_floating_point():
+        (``m/<name>``) shaped like one, as saved or as held (:meth:`held_shape`: a fused
+        ``attn.qkv`` by its parts, reshaped here); anything else (buffers, a batch, the step
+        count) plain."""
+        saved = self.layout.get(name, self.layout.get(name.split("/", 1)[-1]))
+        if saved is None or not value.is_floating_point():
             return value
-        axis = training.tensor_parallel_axis(name, tuple(value.shape), self.model)
+        held = self.held_shape(name, tuple(saved))
+        if value.shape == saved:
+            value = value.reshape(held)
+        elif tuple(value.shape) != held:
+            return value
+        axis = training.tensor_parallel_axis(name, held, self.model)
         return distribute_tensor(value.detach(), self.layers, [Replicate() if axis is None else Shard(axis)])
 
     def place_batch(self, x: Any, y: Any) -> tuple[Any, Any]:
@@ -336,8 +349,21 @@ class TensorParallelProcessReplicas(ProcessReplicas):
         return self.whole(arrays)
 
     def whole(self, arrays: dict[str, Any]) -> dict[str, Any]:
-        """``arrays`` as plain tensors of the whole values, every rank calling it."""
-        return {k: _plain(v) for k, v in arrays.items()}
+        """``arrays`` as plain tensors of the whole values, in their saved shapes, every rank
+        calling it."""
+        return self.saved({k: _plain(v) for k, v in arrays.items()})
+
+    def saved(self, arrays: dict[str, Any]) -> dict[str, Any]:
+        """``arrays`` in their saved shapes (:meth:`saved_shape`). A fused projection held by its
+        parts, ``(width, 3, width)`` split along the last axis, reshaped back to ``(width, 3 *
+        width)``, is a view with no exchange: DTensor calls its placement
+        ``_StridedShard(1, split_factor=3)``, each rank's columns of q, k and v."""
+        return {k: self._saved(k, v) for k, v in arrays.items()}
+
+    def _saved(self, name: str, value: Any) -> Any:
+        shape = tuple(value.shape)
+        saved = self.saved_shape(name, shape)
+        return value if saved == shape else value.reshape(saved)
 
 
 @functools.cache

@@ -2,7 +2,8 @@
 started by ``xdevice launch`` on loopback (``jax.distributed``, one CPU device each, one global
 ``Mesh`` with axes ("data", "model")): the zoo's bert, gpt2 and llama (small, one block) train as
 one process does for 20 steps, each process holding its part of each split weight and of its Adam
-slots, the part of its column of the grid; ``weights()`` and ``save`` all-gather the whole arrays."""
+slots, the part of its column of the grid (of a fused ``attn.qkv``, whole heads of q, k and v);
+``weights()`` and ``save`` all-gather the whole arrays, in the saved layout."""
 
 from __future__ import annotations
 
@@ -21,10 +22,11 @@ pytest.importorskip("jax")
 STEPS = 20
 #: the zoo's small sizes with one block; bert trains its last hidden state towards random targets (mse)
 SIZES = {"bert": {"pooler": False, "layers": 1}, "gpt2": {"blocks": 1}, "llama": {"blocks": 1}}
-#: per model, split layers each process should hold a part of: {name: the axis split}
+#: per model, split layers each process should hold a part of: {name: the axis split}; a fused
+#: ``attn.qkv`` is held by its parts, (width, 3, width) and bias (3, width), split along the last axis
 SPLIT = {
-    "bert": {"layer0.attn.qkv.weight": 1, "layer0.attn.qkv.bias": 0, "layer0.mlp.fc2.weight": 0},
-    "gpt2": {"block0.attn.qkv.weight": 1, "block0.attn.qkv.bias": 0, "block0.mlp.fc2.weight": 0},
+    "bert": {"layer0.attn.qkv.weight": 2, "layer0.attn.qkv.bias": 1, "layer0.mlp.fc2.weight": 0},
+    "gpt2": {"block0.attn.qkv.weight": 2, "block0.attn.qkv.bias": 1, "block0.mlp.fc2.weight": 0},
     # llama's query, key and value are three layers; the key has kv_heads (2) heads, one per process
     "llama": {
         "block0.attn.q.weight": 1,
@@ -69,6 +71,7 @@ SCRIPT = textwrap.dedent("""
             "shapes": {k: list(v.shape) for k, v in weights.items()},
             "held": {k: held(v) for k, v in params.items()},
             "slots": {k: held(v) for k, v in trainer.state.items() if k.startswith(("m/", "v/"))},
+            "fused": {k: np.asarray(v.addressable_shards[0].data).tolist() for k, v in params.items() if ".qkv.w" in k},
             "addressable": {k: v.is_fully_addressable for k, v in params.items()},
         }, out)
 """)
@@ -113,6 +116,8 @@ def test_a_model_axis_across_jax_processes_trains_as_one_process_with_a_part_of_
             np.testing.assert_allclose(many["params"][key], value, rtol=0, atol=1e-5, err_msg=key)
         for key, axis in SPLIT[name].items():  # its column's part of a split weight, and of its Adam slots
             part = list(one["shapes"][key])
+            if ".attn.qkv." in key:  # held by its parts: [..., 3 * width] -> [..., 3, width]
+                part[-1:] = [3, part[-1] // 3]
             part[axis] //= model
             start_at = [0] * len(part)
             start_at[axis] = (rank % model) * part[axis]  # process r sits in column r % model
@@ -121,6 +126,12 @@ def test_a_model_axis_across_jax_processes_trains_as_one_process_with_a_part_of_
             assert many["addressable"][key] is False  # no process can read it whole without gathering
         norm = next(k for k in one["shapes"] if "norm" in k)
         assert many["held"][norm]["shape"] == one["shapes"][norm]  # a layer outside the layout is whole
+        for key, local in many["fused"].items():  # a fused qkv: the same whole heads of q, k and v
+            saved = np.asarray(many["params"][key]).reshape(one["shapes"][key])
+            width = saved.shape[1] // 3 // model
+            column = rank % model
+            mine = saved.reshape(saved.shape[0], 3, -1)[..., column * width : (column + 1) * width]
+            np.testing.assert_array_equal(np.asarray(local), mine, err_msg=key)
     # save gathers too: process 0 wrote the whole arrays and optimizer state, as one process does
     arrays, state, record = checkpoint.read(str(tmp_path / f"saved{processes}"))
     alone_arrays, alone_state, _ = checkpoint.read(str(tmp_path / "saved1"))

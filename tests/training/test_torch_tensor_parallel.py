@@ -2,8 +2,10 @@
 layers split over two processes started by ``xdevice launch`` on loopback (gloo), as DTensors
 on a ``DeviceMesh``, train as one process does for 20 steps, each rank holding half of each
 split weight (parameter and optimizer-slot bytes as ``estimate_memory(..., mesh=...)`` counts
-them); after fit, ``weights()`` and ``save`` gather the whole arrays. In one process
-PyTorch has no devices to split over, and says how to launch."""
+them): of a fused ``attn.qkv``, whole heads of q, k and v, so the forward's only collectives
+are the sums after the row layers; after fit, ``weights()`` and ``save`` gather the whole
+arrays, in the saved layout. In one process PyTorch has no devices to split over, and says how
+to launch."""
 
 from __future__ import annotations
 
@@ -22,17 +24,22 @@ pytest.importorskip("torch")
 STEPS = 20
 #: the script's models: the zoo's small sizes with one block (bert without its pooler)
 SIZES = {"bert": {"pooler": False, "layers": 1}, "gpt2": {"blocks": 1}, "llama": {"blocks": 1}}
-#: the split layers each rank should hold half of: (name, the axis split)
+#: the split layers each rank should hold a part of: {name: the axis split}; a fused ``attn.qkv``
+#: is held by its parts, (width, 3, width) and bias (3, width), split along the last axis
 SPLIT = {
-    "gpt2": {"block0.attn.qkv.weight": 1, "block0.attn.qkv.bias": 0, "block0.mlp.fc2.weight": 0},
+    "gpt2": {"block0.attn.qkv.weight": 2, "block0.attn.qkv.bias": 1, "block0.mlp.fc2.weight": 0},
     "llama": {"block0.attn.q.weight": 1, "block0.mlp.gate.weight": 1, "block0.mlp.down.weight": 0},
-    "bert": {"layer0.attn.qkv.weight": 1, "layer0.attn.out.weight": 0, "layer0.mlp.fc1.bias": 0},
+    "bert": {"layer0.attn.qkv.weight": 2, "layer0.attn.out.weight": 0, "layer0.mlp.fc1.bias": 0},
 }
 
 SCRIPT = textwrap.dedent("""
     import json, sys
     import numpy as np
+    import torch
     from torch.distributed.tensor import DTensor
+    from torch.distributed.tensor.debug import CommDebugMode
+    from torch.distributed.tensor.experimental import implicit_replication
+    from torch.nn.attention import SDPBackend, sdpa_kernel
     from xdevice import models, Trainer
     from xdevice.training.launch import world
 
@@ -53,8 +60,14 @@ SCRIPT = textwrap.dedent("""
     # eps=1e-6: see tests/training/test_tensor_parallel.py (the key bias's rounding-noise gradient)
     trainer = Trainer(model, loss, "adam", lr=1e-3, eps=1e-6, mesh=mesh)
     history = trainer.fit((x, y), epochs=1, batch_size=4, verbose=0, seed=0)
-    held = {k: list(v.to_local().shape) for k, v in trainer.program.params.items() if isinstance(v, DTensor)}
+    params = trainer.program.params
+    held = {k: list(v.to_local().shape) for k, v in params.items() if isinstance(v, DTensor)}
     slots = {k: list(v.to_local().shape) for k, v in trainer.state.items() if isinstance(v, DTensor)}
+    fused = {k: v.to_local().tolist() for k, v in params.items() if ".attn.qkv.weight" in k and isinstance(v, DTensor)}
+    comm = CommDebugMode()  # the collectives of one forward pass, as the step runs it
+    with comm, implicit_replication(), sdpa_kernel(SDPBackend.MATH):
+        trainer.program.forward(params, trainer.program.buffers, torch.as_tensor(x[:4]), True)
+    collectives = {str(op).split(".")[-1]: n for op, n in comm.get_comm_counts().items()}
     weights = trainer.weights()
     trainer.save(folder + f"/saved{size}")
     with open(folder + f"/rank{rank}of{size}.json", "w") as out:
@@ -64,6 +77,8 @@ SCRIPT = textwrap.dedent("""
             "shapes": {k: list(v.shape) for k, v in weights.items()},
             "held": held,
             "slots": slots,
+            "fused": fused,
+            "collectives": collectives,
             "param_bytes": nbytes(trainer.program.params),
             "slot_bytes": nbytes({k: v for k, v in trainer.state.items() if "/" in k}),  # m/, v/; not the step
         }, out)
@@ -114,11 +129,25 @@ def test_a_model_axis_across_processes_trains_as_one_process_with_a_part_of_each
             np.testing.assert_allclose(many["params"][key], value, rtol=0, atol=1e-5, err_msg=key)
         for key, axis in SPLIT[name].items():  # each rank holds its part of a split weight, and of its Adam slots
             part = list(one["shapes"][key])
+            if ".attn.qkv." in key:  # held by its parts: [..., 3 * width] -> [..., 3, width]
+                part[-1:] = [3, part[-1] // 3]
             part[axis] //= mesh["model"]
             assert many["held"][key] == part, key
             assert many["slots"][f"m/{key}"] == many["slots"][f"v/{key}"] == part, key
         norm = next(k for k in one["shapes"] if "norm" in k)
         assert many["held"][norm] == one["shapes"][norm]  # a layer outside the layout is copied whole
+    for rank, many in enumerate(ranks):  # a fused qkv: each rank the same whole heads of q, k and v
+        column, model = rank % mesh["model"], mesh["model"]
+        for key, local in many["fused"].items():
+            saved = np.asarray(many["params"][key]).reshape(one["shapes"][key])
+            width = saved.shape[1] // 3
+            by_part = saved.reshape(saved.shape[0], 3, width)
+            mine = by_part[..., column * width // model : (column + 1) * width // model]  # heads of this column
+            np.testing.assert_array_equal(np.asarray(local), mine, err_msg=key)
+        if name != "llama":  # the forward's only collectives: the sums after attn.out and the closing MLP layer
+            # (llama's RMS norm lets DTensor carry the sum after attn.out as a partial one into the MLP,
+            # where it gathers the gate and up weights: the MLP's, not the attention's)
+            assert many["collectives"] == {"all_reduce": 2}, many["collectives"]
     # what each rank holds of the parameters and Adam's slots is what the memory estimate says
     for measured, layout in [(one, None), *((many, mesh) for many in ranks)]:
         parts = estimate_memory(name, batch=4, backend="torch", measure=False, mesh=layout, **spec(name)).parts

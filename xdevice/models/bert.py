@@ -31,6 +31,7 @@ import numpy as np
 
 from xdevice._errors import ConfigurationError, ConversionError, message
 from xdevice.models import _pretrained, _remat
+from xdevice.models._attention import fused_heads
 from xdevice.models._fit import check_heads, token_fitting
 from xdevice.models._init import Param
 
@@ -146,10 +147,8 @@ def apply(ops, params, x, spec, train=False, attention_mask=None, token_type_ids
         b = f"layer{i}"
 
         def run(h, params, b=b):
-            qkv = ops.linear(h, params[f"{b}.attn.qkv.weight"], params[f"{b}.attn.qkv.bias"])
-            q, k, v = (
-                ops.transpose(ops.reshape(part, (-1, t, heads, d // heads)), (0, 2, 1, 3))
-                for part in ops.split(qkv, 3, axis=-1)
+            q, k, v = fused_heads(
+                ops, h, params[f"{b}.attn.qkv.weight"], params[f"{b}.attn.qkv.bias"], t, heads, d // heads
             )
             attended = ops.reshape(ops.transpose(ops.attention(q, k, v, mask), (0, 2, 1, 3)), (-1, t, d))
             y = ops.add(ops.linear(attended, params[f"{b}.attn.out.weight"], params[f"{b}.attn.out.bias"]), h)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from xdevice.models._attention import fused_heads
 from xdevice.models._fit import check_heads, token_fitting
 from xdevice.models._init import Param, dense, norm
 
@@ -57,10 +58,8 @@ def apply(ops, params, x, spec, train=False):
     for i in range(spec["blocks"]):
         b = f"block{i}"
         y = ops.layer_norm(h, params[f"{b}.norm1.scale"], params[f"{b}.norm1.offset"], eps=eps)
-        qkv = ops.linear(y, params[f"{b}.attn.qkv.weight"], params[f"{b}.attn.qkv.bias"])
-        q, k, v = (
-            ops.transpose(ops.reshape(part, (-1, t, heads, d // heads)), (0, 2, 1, 3))
-            for part in ops.split(qkv, 3, axis=-1)
+        q, k, v = fused_heads(
+            ops, y, params[f"{b}.attn.qkv.weight"], params[f"{b}.attn.qkv.bias"], t, heads, d // heads
         )
         attended = ops.reshape(ops.transpose(ops.attention(q, k, v, mask), (0, 2, 1, 3)), (-1, t, d))
         h = ops.add(h, ops.linear(attended, params[f"{b}.attn.out.weight"], params[f"{b}.attn.out.bias"]))

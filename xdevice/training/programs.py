@@ -34,6 +34,8 @@ _TRAINABLE = (
 
 
 class _Zoo(Program):
+    fused_by_parts = True  # the transformers' apply takes attn.qkv as (width, 3, width) too (models/_attention.py)
+
     def __init__(self, model, device: Device):
         if device != model.device:
             model.params, model.device = model.to(device=device).params, device

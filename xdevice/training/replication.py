@@ -31,7 +31,7 @@ from typing import Any
 
 from xdevice import _registry
 from xdevice._discovery import find
-from xdevice._errors import ConfigurationError, message
+from xdevice._errors import ConfigurationError, message, nearest
 from xdevice._processes import launched, world
 from xdevice.backends.training import MESH_AXES, STRATEGIES, Replicas
 
@@ -51,18 +51,8 @@ def mesh_shape(mesh: Mapping[str, int] | None, devices: int) -> tuple[int, int]:
     """
     if mesh is None:
         return max(devices, 1), 1
-    unknown = sorted(set(mesh) - set(MESH_AXES)) if isinstance(mesh, Mapping) else mesh
-    if unknown or not mesh:
-        raise ConfigurationError(
-            message(
-                "A mesh names its axes and their sizes",
-                expected="a dict such as {'data': 2, 'model': 2}",
-                received=mesh,
-                choices=MESH_AXES,
-            )
-        )
-    sizes = [mesh.get(axis, 1) for axis in MESH_AXES]
-    if any(isinstance(n, bool) or not isinstance(n, int) or n < 1 for n in sizes) or sizes[0] * sizes[1] != devices:
+    data, model = _sizes(mesh)
+    if data * model != devices:
         raise ConfigurationError(
             message(
                 "A mesh's axis sizes multiply to the number of devices it lays out",
@@ -70,6 +60,33 @@ def mesh_shape(mesh: Mapping[str, int] | None, devices: int) -> tuple[int, int]:
                 received=mesh,
                 fix=f"e.g. mesh={{'data': {max(devices // 2, 1)}, 'model': {2 if devices > 1 else 1}}} "
                 "with devices=[...] that many",
+            )
+        )
+    return data, model
+
+
+def _sizes(mesh: Any) -> tuple[int, int]:
+    """``(data, model)`` as ``mesh`` names them (an axis left out is 1), before any device is
+    counted: refused unless a dict of the axes ``data`` and ``model`` to positive ints."""
+    unknown = sorted(map(str, set(mesh) - set(MESH_AXES))) if isinstance(mesh, Mapping) else mesh
+    if unknown or not mesh:
+        misspelt = nearest(unknown[0], MESH_AXES) if isinstance(mesh, Mapping) and unknown else None
+        raise ConfigurationError(
+            message(
+                "A mesh names its axes and their sizes",
+                expected="a dict such as {'data': 2, 'model': 2}",
+                received=mesh,
+                choices=MESH_AXES,
+                suggestion=misspelt,
+            )
+        )
+    sizes = [mesh.get(axis, 1) for axis in MESH_AXES]
+    if any(isinstance(n, bool) or not isinstance(n, int) or n < 1 for n in sizes):
+        raise ConfigurationError(
+            message(
+                "A mesh's axis sizes are positive ints",
+                expected="a dict such as {'data': 2, 'model': 2}",
+                received=mesh,
             )
         )
     return sizes[0], sizes[1]
@@ -111,12 +128,12 @@ def replicate(
                 fix="strategy='replicate' copies the model to every device; 'fsdp' shards it across them",
             )
         )
+    sizes = _sizes(mesh) if mesh is not None else None  # the mesh's own form first, before any engine
     engine = _registry.backend(backend)  # its hooks refuse what it cannot do, naming who can
     # under xdevice launch with no devices= a mesh lays out the processes, one device each
     count = len(devices) if devices is not None else (world()[1] if launched() else 1)
-    sizes = [mesh.get(axis, 1) for axis in MESH_AXES] if isinstance(mesh, Mapping) else [1, 1]
-    if devices is None and count == 1 and not engine.supports_replication and engine.supports_tensor_parallel:
-        if all(type(n) is int for n in sizes) and sizes[1] > 1:  # a 'model' axis meant for launched processes
+    if sizes is not None and sizes[1] > 1 and devices is None and count == 1:
+        if not engine.supports_replication and engine.supports_tensor_parallel:  # meant for launched processes
             layout = f"mesh={{'data': {sizes[0]}, 'model': {sizes[1]}}}"
             raise ConfigurationError(_split_across_processes(engine, layout, sizes[0] * sizes[1], None))
     data, model = mesh_shape(mesh, count)

@@ -180,6 +180,7 @@ class Trainer:
         jit = jit and self.program.compiles_whole  # a split model compiles stage by stage
         compile_ = self.backend.jit if jit else (lambda f: f)
         self.replicas = replicate(devices, backend=self.backend.name, strategy=strategy, mesh=mesh)
+        self.replicas.fused_by_parts = self.program.fused_by_parts  # how tensor parallel may hold attn.qkv
         self.program.params = self.replicas.place_params(self.program.params)
         self.program.buffers = self.replicas.place_params(self.program.buffers)
         state = self.optimizer.init(self.ops, self.program.params)
@@ -495,11 +496,16 @@ class Trainer:
         """The trained object with its arrays on the model's one device: replicas whose params
         span the devices (JAX's mesh) gather them, so the model runs outside the trainer; the
         trainer keeps the replicated copies for the next step. Sharded params (fsdp) stay
-        sharded unless ``gathered``: gathering them is the memory the sharding saves."""
+        sharded unless ``gathered``: gathering them is the memory the sharding saves. Arrays
+        held in another shape (tensor parallel's fused ``attn.qkv``, by its parts) come back in
+        their saved shapes either way (``Replicas.saved``); between steps the model holds the
+        trainer's arrays as they are, which its forward takes too."""
         p, gather = self.program, getattr(self.replicas, "gather", None)  # only engines that need it
         self._shared = self._donate  # what is handed out stays valid: the next step trains copies
         if gather is None or (self.replicas.shards and not gathered):
-            return p.result()
+            if not self.replicas.reshapes:
+                return p.result()
+            gather = lambda arrays, device: self.replicas.saved(arrays)  # split still, but shaped as saved
         kept = p.params, p.buffers
         p.params, p.buffers = gather(p.params, p.device), gather(p.buffers, p.device)
         try:
@@ -601,11 +607,19 @@ class Trainer:
             ConfigurationError: the checkpoint belongs to another model or optimizer.
         """
         arrays, state, record = checkpoint.read(folder)
-        p, shape = self.program, self.ops.shape
+        p = self.program
+
+        def shape(name: str, value: Any) -> tuple[int, ...]:  # as saved (tensor parallel may hold another)
+            return self.replicas.saved_shape(name, tuple(self.ops.shape(value)))
+
         mine = {f"param/{k}": v for k, v in p.params.items()} | {f"buffer/{k}": v for k, v in p.buffers.items()}
-        checkpoint.check({k: shape(v) for k, v in mine.items()}, {k: v.shape for k, v in arrays.items()}, "model")
         checkpoint.check(
-            {k: shape(v) for k, v in self.state.items()}, {k: v.shape for k, v in state.items()}, "optimizer's state"
+            {k: shape(k.split("/", 1)[1], v) for k, v in mine.items()},
+            {k: v.shape for k, v in arrays.items()},
+            "model",
+        )
+        checkpoint.check(
+            {k: shape(k, v) for k, v in self.state.items()}, {k: v.shape for k, v in state.items()}, "optimizer's state"
         )
         mine = self.optimizer.config()
         if record["optimizer"] != mine:  # the learning rate's schedule included
