@@ -10,6 +10,8 @@ import numpy as np
 import pytest
 
 from xdevice import InferenceError
+
+pytest.importorskip("orjson")  # the serving extra: absent on the GPU image (make test-gpu)
 from xdevice.serving.batcher import Batcher
 from xdevice.serving.metrics import Stats
 

@@ -6,8 +6,10 @@ from __future__ import annotations
 import sys
 
 import numpy as np
-import orjson
 import pytest
+
+pytest.importorskip("orjson")  # the serving extra: absent on the GPU image (make test-gpu)
+import orjson
 
 from xdevice.serving.protocol import BadRequest, InferRequest, decode_request, encode_response
 

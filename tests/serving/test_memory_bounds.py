@@ -7,8 +7,10 @@ import http.client
 import sys
 
 import numpy as np
-import orjson
 import pytest
+
+pytest.importorskip("orjson")  # the serving extra: absent on the GPU image (make test-gpu)
+import orjson
 
 from .onnx_models import dense_model, write_model
 

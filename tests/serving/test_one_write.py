@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import socket
 
+import pytest
+
+pytest.importorskip("orjson")  # the serving extra: absent on the GPU image (make test-gpu)
 import orjson
 
 BODY = orjson.dumps({"inputs": [{"name": "x", "shape": [1, 4], "datatype": "FP32", "data": [1.0, 2.0, 3.0, 4.0]}]})
