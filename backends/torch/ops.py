@@ -718,10 +718,29 @@ class TorchOps(Ops):
     def checkpoint(self, fn: Any, *args: Array) -> Any:
         if not torch.is_grad_enabled():  # nothing is kept for a backward pass: nothing to recompute
             return fn(*args)
+        from torch.overrides import _get_current_function_mode_stack
         from torch.utils.checkpoint import checkpoint
 
+        # The backward pass recomputes fn under the torch function modes of this forward that ask
+        # for it (``recomputed``: tensor parallel's exchanges, backends/torch/replication.py), as
+        # torch's checkpoint does for its own device mode, found the same way: the backward pass
+        # runs outside them, and the recomputation would otherwise exchange what the forward did not.
+        modes = [mode for mode in _get_current_function_mode_stack() if getattr(mode, "recomputed", False)]
+
+        @contextlib.contextmanager
+        def recomputing() -> Any:
+            with contextlib.ExitStack() as stack:
+                for mode in modes:
+                    stack.enter_context(mode)
+                yield
+
+        def contexts() -> tuple[Any, Any]:  # (the forward's, the recomputation's)
+            return contextlib.nullcontext(), recomputing()
+
         # non-reentrant: closures over tensors that need gradients get them, and torch asks it
-        return checkpoint(fn, *args, use_reentrant=False)
+        if not modes:
+            return checkpoint(fn, *args, use_reentrant=False)
+        return checkpoint(fn, *args, use_reentrant=False, context_fn=contexts)
 
     def lstm_cell(self, x: Array, h: Array, c: Array, w_ih: Array, w_hh: Array, b: Array) -> tuple[Array, Array]:
         if x.dim() != 2:  # torch's cell takes one batch axis

@@ -23,9 +23,11 @@ them, with FSDP2's ``fully_shard``; one process has nothing to shard and replica
 from __future__ import annotations
 
 import atexit
+import contextlib
 import functools
 import os
-from collections.abc import Callable, Iterable
+import weakref
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import torch
@@ -35,6 +37,7 @@ from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
 from torch.distributed.tensor.experimental import implicit_replication, register_sharding
 from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.overrides import TorchFunctionMode
 
 from xdevice._errors import ConfigurationError, message
 from xdevice._processes import world
@@ -256,8 +259,9 @@ class TensorParallelProcessReplicas(ProcessReplicas):
     the layout splits it (this rank holds ``1/m`` of it), ``Replicate()`` elsewhere; its
     optimizer slots (``m/<name>``) alike. The step's forward runs the op set's torch ops on them
     as they are: DTensor's sharding propagation picks each op's layout and inserts the
-    collectives over ``model`` (the sum after a row-split layer, a gather where an op needs whole
-    values). The batch stays a plain tensor, the same on every rank of that axis, which
+    collectives over ``model``, and :meth:`computing` has them be Megatron's: a row-split layer's
+    output summed at once (and, in the backward pass, a column-split layer's input gradient), so
+    nothing else moves. The batch stays a plain tensor, the same on every rank of that axis, which
     ``implicit_replication`` lets DTensor take as a copy. The gradients come back in the
     parameters' layouts; across ``data`` they are summed (``all_reduce`` over the ranks of one
     column), each rank's loss being weighted by its rows, as under DDP. :meth:`whole`
@@ -325,11 +329,23 @@ class TensorParallelProcessReplicas(ProcessReplicas):
             dist.all_reduce(value, group=self.mesh.get_group("data"))
         return value
 
+    @contextlib.contextmanager
+    def computing(self) -> Iterator[None]:
+        """The block the step computes on the split layers in, its forward and backward passes
+        alike: plain tensors (the batch) taken as copies on every rank of the ``model`` axis
+        (``implicit_replication``); attention by its math (matmul, softmax), which DTensor splits
+        by heads, since the fused CPU kernel's backward has no sharding rule in torch (its forward
+        does); and Megatron's exchanges (:class:`_Megatron`): a row layer's output summed over
+        ``model`` at once, and a column layer's input gradient likewise, so that a step
+        exchanges nothing else. A test counts a forward pass's collectives in it as the step
+        runs them.
+        """
+        with implicit_replication(), sdpa_kernel(SDPBackend.MATH), _Megatron():
+            yield
+
     def value_and_grad(self, objective: Callable, params: dict[str, Any]) -> tuple[tuple[Any, Any], dict[str, Any]]:
         trained = {k: v.detach().requires_grad_() for k, v in params.items() if isinstance(v, DTensor)}
-        # attention by its math (matmul, softmax), which DTensor splits by heads: the fused CPU
-        # kernel's backward has no sharding rule in torch (its forward does)
-        with torch.enable_grad(), implicit_replication(), sdpa_kernel(SDPBackend.MATH):
+        with torch.enable_grad(), self.computing():  # the backward too: remat recomputes in it
             value, aux = objective({**params, **trained})
             value.backward()
         grads = {}
@@ -364,6 +380,98 @@ class TensorParallelProcessReplicas(ProcessReplicas):
         shape = tuple(value.shape)
         saved = self.saved_shape(name, shape)
         return value if saved == shape else value.reshape(saved)
+
+
+class _Megatron(TorchFunctionMode):
+    """Megatron-LM's two exchanges around the split layers, as torch's ``RowwiseParallel`` and
+    ``ColwiseParallel`` make them, for a forward written over the op set on DTensors:
+
+    - after a layer split by rows (``attn.out``, ``mlp.fc2``, ``mlp.down``; Megatron's *g*,
+      ``RowwiseParallel(output_layouts=Replicate())``): a product (``matmul``, ``linear``,
+      ``einsum``, ...) whose result DTensor holds as a partial sum (``Partial``: each rank's
+      input rows times its rows of the weight) is summed over the ranks at once, one
+      all-reduce, before anything reads it;
+    - before a layer split by columns (``attn.qkv``, ``attn.q``, ``mlp.fc1``, ``mlp.gate``, ...;
+      Megatron's *f*, ``ColwiseParallel(input_layouts=Replicate())``): a whole (``Replicate``)
+      operand of a product with a split one is handed to it through ``DTensor.from_local``, so
+      that in the backward pass its gradient, a partial sum, is summed at once (one all-reduce),
+      once for all the products that read it (llama's ``attn.q``, ``attn.k`` and ``attn.v``).
+
+    Left to itself, DTensor carries a partial sum on while the next ops are linear in it (the
+    residual add, RMSNorm's last scaling) and pays later, in another currency: in llama it
+    all-gathered the ``mlp.gate`` and ``mlp.up`` weights to multiply them by the sum after
+    ``attn.out``, and in the backward pass weights and attention activations as well; in every
+    zoo transformer the norms' gradients came out as partial sums, each all-reduced after the
+    backward pass. With both exchanges every activation between a row layer and the next column
+    layer is whole on each rank, and a step exchanges only these sums: per block, two in the
+    forward pass and two in the backward (and, under ``remat``, the forward's again where the
+    recomputation needs them). The math is the same sums, done sooner.
+
+    Only products are looked at, and only calls made from Python: autograd's own backward ops
+    never pass here, while a block's forward recomputed in the backward pass does (the op set's
+    ``checkpoint`` enters the modes marked ``recomputed`` again).
+
+    One more call is mended here: torch's convolution backward under DTensor takes DTensors
+    only, so a plain input to a convolution with a DTensor weight (vit's images, taken as a copy
+    on every rank by ``implicit_replication`` in the forward) is handed to it as a replicated
+    DTensor.
+    """
+
+    PRODUCTS = frozenset(
+        {
+            torch.matmul,
+            torch.mm,
+            torch.bmm,
+            torch.einsum,
+            torch.nn.functional.linear,
+            torch.Tensor.matmul,
+            torch.Tensor.__matmul__,
+        }
+    )
+    CONVOLUTIONS = frozenset({torch.conv1d, torch.conv2d, torch.conv3d})  # torch.nn.functional's too
+
+    #: in force again when the backward pass recomputes a block (``remat``: the op set's ``checkpoint``)
+    recomputed = True
+
+    def __init__(self) -> None:
+        super().__init__()
+        # each whole operand's handle (Megatron's f), by the operand's id: one per activation,
+        # however many column layers read it, kept while the operand lives (a remat block drops
+        # both)
+        self.handles: dict[int, tuple[weakref.ref, DTensor]] = {}
+
+    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        if func in self.CONVOLUTIONS and isinstance(args[1], DTensor) and not isinstance(args[0], DTensor):
+            mesh = args[1].device_mesh
+            args = (DTensor.from_local(args[0], mesh, [Replicate()] * mesh.ndim), *args[1:])
+        if func not in self.PRODUCTS:
+            return func(*args, **kwargs)
+        if any(isinstance(a, DTensor) and not _whole(a) for a in args):  # whole operands beside split ones
+            args = tuple(self._handle(a) if _whole_with_gradient(a) else a for a in args)
+        result = func(*args, **kwargs)
+        if isinstance(result, DTensor) and any(p.is_partial() for p in result.placements):
+            return result.redistribute(placements=[Replicate() if p.is_partial() else p for p in result.placements])
+        return result
+
+    def _handle(self, value: DTensor) -> DTensor:
+        """``value`` as a column layer reads it: the same whole values, whose gradient
+        ``from_local`` redistributes to ``Replicate`` (an all-reduce of the partial sums)."""
+        key = id(value)
+        held = self.handles.get(key)
+        if held is not None and held[0]() is value:
+            return held[1]
+        handle = DTensor.from_local(value.to_local(), value.device_mesh, value.placements)
+        self.handles[key] = (weakref.ref(value, lambda _: self.handles.pop(key, None)), handle)
+        return handle
+
+
+def _whole(value: DTensor) -> bool:
+    return all(p.is_replicate() for p in value.placements)
+
+
+def _whole_with_gradient(value: Any) -> bool:
+    return isinstance(value, DTensor) and _whole(value) and value.requires_grad
 
 
 @functools.cache

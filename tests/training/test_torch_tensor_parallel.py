@@ -2,10 +2,11 @@
 layers split over two processes started by ``xdevice launch`` on loopback (gloo), as DTensors
 on a ``DeviceMesh``, train as one process does for 20 steps, each rank holding half of each
 split weight (parameter and optimizer-slot bytes as ``estimate_memory(..., mesh=...)`` counts
-them): of a fused ``attn.qkv``, whole heads of q, k and v, so the forward's only collectives
-are the sums after the row layers; after fit, ``weights()`` and ``save`` gather the whole
-arrays, in the saved layout. In one process PyTorch has no devices to split over, and says how
-to launch."""
+them): of a fused ``attn.qkv``, whole heads of q, k and v. A step's only collectives are
+Megatron's, counted with ``CommDebugMode``: the sums after the row layers in the forward pass,
+and of the column layers' input gradients in the backward (no weight gathered, no activation
+moved); after fit, ``weights()`` and ``save`` gather the whole arrays, in the saved layout. In
+one process PyTorch has no devices to split over, and says how to launch."""
 
 from __future__ import annotations
 
@@ -23,13 +24,18 @@ pytest.importorskip("torch")
 
 STEPS = 20
 #: the script's models: the zoo's small sizes with one block (bert without its pooler)
-SIZES = {"bert": {"pooler": False, "layers": 1}, "gpt2": {"blocks": 1}, "llama": {"blocks": 1}}
+SIZES = {"bert": {"pooler": False, "layers": 1}, "gpt2": {"blocks": 1}, "llama": {"blocks": 1}, "vit": {"layers": 1}}
+#: how far a final parameter may be from one process's: 1e-5 (issue 31), but vit's patch weights
+#: and key bias get gradients near rounding noise, which Adam turns into steps whose size follows
+#: the noise (JAX on one device vs two: 5e-5 in the key bias); its losses still agree within 1e-5
+ATOL = {"vit": 1e-4}
 #: the split layers each rank should hold a part of: {name: the axis split}; a fused ``attn.qkv``
 #: is held by its parts, (width, 3, width) and bias (3, width), split along the last axis
 SPLIT = {
     "gpt2": {"block0.attn.qkv.weight": 2, "block0.attn.qkv.bias": 1, "block0.mlp.fc2.weight": 0},
     "llama": {"block0.attn.q.weight": 1, "block0.mlp.gate.weight": 1, "block0.mlp.down.weight": 0},
     "bert": {"layer0.attn.qkv.weight": 2, "layer0.attn.out.weight": 0, "layer0.mlp.fc1.bias": 0},
+    "vit": {"block0.attn.qkv.weight": 2, "block0.attn.out.weight": 0, "block0.mlp.fc1.weight": 1},
 }
 
 SCRIPT = textwrap.dedent("""
@@ -38,8 +44,6 @@ SCRIPT = textwrap.dedent("""
     import torch
     from torch.distributed.tensor import DTensor
     from torch.distributed.tensor.debug import CommDebugMode
-    from torch.distributed.tensor.experimental import implicit_replication
-    from torch.nn.attention import SDPBackend, sdpa_kernel
     from xdevice import models, Trainer
     from xdevice.training.launch import world
 
@@ -50,10 +54,13 @@ SCRIPT = textwrap.dedent("""
     name, folder, mesh = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
     model = models.build(name, backend="torch", **json.loads(sys.argv[4]))
     rng = np.random.default_rng(0)
-    x = rng.integers(0, model.spec["vocab"], size=(20 * 4, 8)).astype("int32")
+    if name == "vit":  # images, and a class each
+        x, y, loss = model.example_input(20 * 4), rng.integers(0, model.spec["classes"], 20 * 4), "cross_entropy"
+    else:
+        x = rng.integers(0, model.spec["vocab"], size=(20 * 4, 8)).astype("int32")
     if name == "bert":  # the last hidden state towards random targets
         y, loss = rng.normal(size=(20 * 4, 8, model.spec["width"])).astype("float32"), "mse"
-    else:  # the next token
+    elif name != "vit":  # the next token
         y, loss = np.roll(x, -1, axis=1).astype("int64"), "cross_entropy"
     rank, size = world()
     mesh = mesh if size > 1 else None  # one process: the reference
@@ -64,10 +71,20 @@ SCRIPT = textwrap.dedent("""
     held = {k: list(v.to_local().shape) for k, v in params.items() if isinstance(v, DTensor)}
     slots = {k: list(v.to_local().shape) for k, v in trainer.state.items() if isinstance(v, DTensor)}
     fused = {k: v.to_local().tolist() for k, v in params.items() if ".attn.qkv.weight" in k and isinstance(v, DTensor)}
-    comm = CommDebugMode()  # the collectives of one forward pass, as the step runs it
-    with comm, implicit_replication(), sdpa_kernel(SDPBackend.MATH):
-        trainer.program.forward(params, trainer.program.buffers, torch.as_tensor(x[:4]), True)
-    collectives = {str(op).split(".")[-1]: n for op, n in comm.get_comm_counts().items()}
+    def counted(comm):  # {"all_reduce": n, ...}: DTensor's collectives, and dist's own (the data axis's)
+        return {str(op).split(".")[-1]: n for op, n in comm.get_comm_counts().items()}
+
+    def objective(p):
+        out, _ = trainer.program.forward(p, trainer.program.buffers, rows, True)
+        return trainer.loss(trainer.ops, out, targets), None
+
+    rows, targets = torch.as_tensor(x[:4]), torch.as_tensor(y[:4])
+    forward, step = CommDebugMode(), CommDebugMode()
+    if size > 1:
+        with forward, trainer.replicas.computing():  # the collectives of one forward pass, as the step runs it
+            trainer.program.forward(params, trainer.program.buffers, rows, True)
+        with step:  # and of one forward and backward pass, the step's own
+            trainer.replicas.value_and_grad(objective, params)
     weights = trainer.weights()
     trainer.save(folder + f"/saved{size}")
     with open(folder + f"/rank{rank}of{size}.json", "w") as out:
@@ -78,22 +95,24 @@ SCRIPT = textwrap.dedent("""
             "held": held,
             "slots": slots,
             "fused": fused,
-            "collectives": collectives,
+            "forward": counted(forward),
+            "step": counted(step),
             "param_bytes": nbytes(trainer.program.params),
             "slot_bytes": nbytes({k: v for k, v in trainer.state.items() if "/" in k}),  # m/, v/; not the step
         }, out)
 """)
 
 
-def spec(name: str) -> dict:
-    """The script's model: the zoo's small sizes with one block."""
-    return {**models.definition(name).SMALL, **SIZES[name], "seed": 0}
+def spec(name: str, remat: bool = False) -> dict:
+    """The script's model: the zoo's small sizes with one block (``remat``: recomputed in the backward pass)."""
+    return {**models.definition(name).SMALL, **SIZES[name], "seed": 0, **({"remat": True} if remat else {})}
 
 
-def start(tmp_path, name: str, mesh: dict, *launch: str) -> subprocess.Popen:
+def start(tmp_path, name: str, mesh: dict, remat: bool, *launch: str) -> subprocess.Popen:
     script = tmp_path / "train.py"
     script.write_text(SCRIPT)
-    command = [sys.executable, *launch, str(script), name, str(tmp_path), json.dumps(mesh), json.dumps(spec(name))]
+    model = json.dumps(spec(name, remat))
+    command = [sys.executable, *launch, str(script), name, str(tmp_path), json.dumps(mesh), model]
     return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
@@ -104,19 +123,23 @@ def finish(started: subprocess.Popen) -> None:
 
 @pytest.mark.multi_device
 @pytest.mark.parametrize(
-    "name, mesh",
+    "name, mesh, remat",
     [
         # make test-models: each starts three processes and takes 30 s or more on two cores
-        pytest.param("gpt2", {"model": 2}, id="gpt2-model2", marks=pytest.mark.realworld),
-        pytest.param("llama", {"model": 2}, id="llama-model2", marks=pytest.mark.realworld),
-        pytest.param("bert", {"model": 2}, id="bert-model2", marks=pytest.mark.realworld),
-        pytest.param("gpt2", {"data": 2, "model": 2}, id="gpt2-data2-model2", marks=pytest.mark.realworld),
+        pytest.param("gpt2", {"model": 2}, False, id="gpt2-model2", marks=pytest.mark.realworld),
+        pytest.param("llama", {"model": 2}, False, id="llama-model2", marks=pytest.mark.realworld),
+        pytest.param("bert", {"model": 2}, False, id="bert-model2", marks=pytest.mark.realworld),
+        pytest.param("vit", {"model": 2}, False, id="vit-model2", marks=pytest.mark.realworld),  # images: a plain input
+        pytest.param("gpt2", {"data": 2, "model": 2}, False, id="gpt2-data2-model2", marks=pytest.mark.realworld),
+        pytest.param("llama", {"model": 2}, True, id="llama-remat-model2", marks=pytest.mark.realworld),
     ],
 )
-def test_a_model_axis_across_processes_trains_as_one_process_with_a_part_of_each_split_weight(tmp_path, name, mesh):
+def test_a_model_axis_across_processes_trains_as_one_process_with_a_part_of_each_split_weight(
+    tmp_path, name, mesh, remat
+):
     processes = mesh.get("data", 1) * mesh["model"]
-    alone = start(tmp_path, name, mesh)  # one process: the reference, beside the launched ones
-    launched = start(tmp_path, name, mesh, "-m", "xdevice", "launch", "--nproc-per-node", str(processes))
+    alone = start(tmp_path, name, mesh, remat)  # one process: the reference, beside the launched ones
+    launched = start(tmp_path, name, mesh, remat, "-m", "xdevice", "launch", "--nproc-per-node", str(processes))
     finish(alone)
     finish(launched)
     one = json.loads((tmp_path / "rank0of1.json").read_text())
@@ -126,7 +149,7 @@ def test_a_model_axis_across_processes_trains_as_one_process_with_a_part_of_each
         np.testing.assert_allclose(many["steps"], one["steps"], rtol=1e-5)
         assert many["shapes"] == one["shapes"]  # weights() gathers whole arrays
         for key, value in one["params"].items():
-            np.testing.assert_allclose(many["params"][key], value, rtol=0, atol=1e-5, err_msg=key)
+            np.testing.assert_allclose(many["params"][key], value, rtol=0, atol=ATOL.get(name, 1e-5), err_msg=key)
         for key, axis in SPLIT[name].items():  # each rank holds its part of a split weight, and of its Adam slots
             part = list(one["shapes"][key])
             if ".attn.qkv." in key:  # held by its parts: [..., 3 * width] -> [..., 3, width]
@@ -144,13 +167,19 @@ def test_a_model_axis_across_processes_trains_as_one_process_with_a_part_of_each
             by_part = saved.reshape(saved.shape[0], 3, width)
             mine = by_part[..., column * width // model : (column + 1) * width // model]  # heads of this column
             np.testing.assert_array_equal(np.asarray(local), mine, err_msg=key)
-        if name != "llama":  # the forward's only collectives: the sums after attn.out and the closing MLP layer
-            # (llama's RMS norm lets DTensor carry the sum after attn.out as a partial one into the MLP,
-            # where it gathers the gate and up weights: the MLP's, not the attention's)
-            assert many["collectives"] == {"all_reduce": 2}, many["collectives"]
+        # Megatron's exchanges and no others (no weight gathered, no activation moved): the forward's
+        # sums after attn.out and the closing MLP layer, and the backward's mirror images, the sums
+        # of the gradients of the opening layers' input (attn.qkv or q, k, v; fc1 or gate, up);
+        # the data axis's own sums of the gradients (dist.all_reduce: allreduce_) come on top; remat
+        # recomputes the block in the backward pass with its sum after attn.out (the last one, after
+        # the MLP, the backward pass does not need, and torch's checkpoint stops before it)
+        assert many["forward"] == {"all_reduce": 2}, many["forward"]
+        exchanged = {kind: n for kind, n in many["step"].items() if kind != "allreduce_"}
+        assert exchanged == {"all_reduce": 5 if remat else 4}, many["step"]
+        assert many["step"].get("allreduce_", 0) == (len(many["held"]) if "data" in mesh else 0), many["step"]
     # what each rank holds of the parameters and Adam's slots is what the memory estimate says
     for measured, layout in [(one, None), *((many, mesh) for many in ranks)]:
-        parts = estimate_memory(name, batch=4, backend="torch", measure=False, mesh=layout, **spec(name)).parts
+        parts = estimate_memory(name, batch=4, backend="torch", measure=False, mesh=layout, **spec(name, remat)).parts
         assert (measured["param_bytes"], measured["slot_bytes"]) == (parts["parameters"], parts["optimizer state"])
     # save gathers too: rank 0 wrote the whole arrays, as one process does
     from safetensors.numpy import load_file
@@ -160,7 +189,7 @@ def test_a_model_axis_across_processes_trains_as_one_process_with_a_part_of_each
     assert saved.keys() == whole.keys() and saved
     for file, arrays in whole.items():
         for key, value in arrays.items():
-            np.testing.assert_allclose(saved[file][key], value, rtol=0, atol=1e-5, err_msg=key)
+            np.testing.assert_allclose(saved[file][key], value, rtol=0, atol=ATOL.get(name, 1e-5), err_msg=key)
 
 
 @pytest.mark.parametrize("devices", [["cpu:0", "cpu:1"], None], ids=["two-devices", "no-devices"])
