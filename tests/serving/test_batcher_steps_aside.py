@@ -16,6 +16,7 @@ import time
 import numpy as np
 import pytest
 
+pytest.importorskip("orjson")  # the serving extra: absent on the GPU image (make test-gpu)
 from xdevice.serving.batcher import HOLD, PROBE, batching_pays, cost_per_request
 
 from .onnx_models import dense_model, onnx_model, write_model

@@ -10,8 +10,10 @@ import math
 import threading
 
 import numpy as np
-import orjson
 import pytest
+
+pytest.importorskip("orjson")  # the serving extra: absent on the GPU image (make test-gpu)
+import orjson
 
 from .onnx_models import BATCHED, B, W, dense_model, record_threads, write_model
 
