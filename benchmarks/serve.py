@@ -11,9 +11,11 @@ from N coroutines, each looping for ``--duration`` seconds, at concurrency 1 and
 baseline is ``onnxruntime.InferenceSession.run`` at batch 1 in a loop, in the same run and
 with the same ORT threads; it also runs at batch 32, and the ratio of rows/s at batch 32 to
 rows/s at batch 1 is the most batching can save in compute (the rest it saves is per-request
-dispatch). Prints requests/s, p50 and p99 latency, errors and the CPU milliseconds per request
-of the server's process and of this one (the client) per cell (``--rounds`` times, batched
-and plain interleaved), then the batching speed-up at the highest concurrency (median of the
+dispatch). Prints requests/s, p50 and p99 latency, errors, the CPU milliseconds per request
+of the server's process and of this one (the client), and the mean requests a model run held
+(from the statistics extension: above 1 where requests were merged, 1 where the batcher
+stepped aside or the model does not batch) per cell (``--rounds`` times, batched and plain
+interleaved), then the batching speed-up at the highest concurrency (median of the
 rounds' batched / plain requests/s, with min-max), the server
 overhead at concurrency 1 (server p50 - raw p50) and the total errors. ``--soak SECONDS``
 also runs ``cnn_batched`` at the highest concurrency that long, half the coroutines on HTTP
@@ -135,6 +137,12 @@ class Clients:
             request.set_data_from_numpy(x, binary_data=binary)
             wanted, client = [InferRequestedOutput(output, binary_data=binary)], self.http
         return lambda: client.infer(model, [request], outputs=wanted)
+
+    async def runs(self, model: str) -> tuple[int, int]:
+        """(requests, runs) the model has served so far, from the statistics extension."""
+        stats = (await self.http.get_inference_statistics(model))["model_stats"][0]
+        sizes = {entry["batch_size"]: entry["compute_infer"]["count"] for entry in stats.get("batch_stats", [])}
+        return sum(size * count for size, count in sizes.items()), sum(sizes.values())
 
     async def close(self) -> None:
         await self.http.close()
@@ -286,6 +294,7 @@ async def drive(
                     for _ in range(args.rounds):  # batched, plain, batched, plain ...: the same load on both
                         for kind in CONFIGS:
                             model = f"{name}_{kind}"
+                            before = await clients.runs(model)
                             cell = await load(
                                 [clients.call(transport, model, inputs[name], outputs[name])],
                                 outputs[name],
@@ -294,11 +303,13 @@ async def drive(
                                 args.warmup,
                                 server_pid=pid,
                             )
+                            after = await clients.runs(model)
+                            cell["batch"] = (after[0] - before[0]) / max(after[1] - before[1], 1)
                             cells.setdefault((name, kind, transport, concurrency), []).append(cell)
                             print(
                                 f"{model:<13} {transport:<12} {concurrency:>5} {cell['rps']:>9.0f} "
                                 f"{cell['p50']:>8.2f} {cell['p99']:>8.2f} {cell['errors']:>7} "
-                                f"{cell['server_cpu_ms']:>9.2f} {cell['client_cpu_ms']:>9.2f}",
+                                f"{cell['server_cpu_ms']:>9.2f} {cell['client_cpu_ms']:>9.2f} {cell['batch']:>6.1f}",
                                 flush=True,
                             )
                             if cell["errors"]:
@@ -342,7 +353,7 @@ def main() -> None:
         )
         print(
             f"{'model':<13} {'transport':<12} {'conc':>5} {'req/s':>9} {'p50 ms':>8} {'p99 ms':>8} {'errors':>7} "
-            f"{'server CPU':>9} {'client CPU':>9} (ms per request)"
+            f"{'server CPU':>9} {'client CPU':>9} (ms per request) {'batch':>6}"
         )
         for name in args.models:
             raw[name] = raw_baseline(

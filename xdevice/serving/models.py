@@ -187,7 +187,6 @@ class Models:
             initializer=sessions.bind if sessions else None,
         )
         batcher = None
-        one_thread = self.session_options.get("threads") == 1 and not (config.device or "").startswith("gpu")
         if config.dynamic_batching:
             batcher = Batcher(
                 (sessions or session).run_checked,  # as Loaded.run: each request was checked
@@ -201,9 +200,9 @@ class Models:
                 reject_late=config.timeout_action == "REJECT",
                 max_queue_size=config.max_queue_size,
                 name=f"{name} version {version}",
-                # CPU time where the run computes in the calling thread alone (one ORT thread on
-                # the CPU), else wall time: other threads' or a GPU's work is not the caller's
-                clock=time.thread_time if one_thread else time.perf_counter,
+                # a fast model's merged runs on the event loop, as its lone requests (infer);
+                # not where each instance thread has a session of its own (a GPU's streams)
+                inline_below=INLINE_BELOW if sessions is None else 0.0,
             )
         return Loaded(name, version, session, config, stats, batcher, instances, vocabulary, sessions)
 
@@ -361,7 +360,8 @@ class Models:
         :data:`INLINE_BELOW` runs on the event loop itself, where the model has no batcher or
         its batcher stepped aside (batching did not pay): handing a 0.1 ms run to a thread and
         back costs more than the run (two wake-ups and the GIL passed back and forth), and with
-        nothing else in flight there is no one for the loop to serve meanwhile.
+        nothing else in flight there is no one for the loop to serve meanwhile. A batcher's
+        merged runs under :data:`INLINE_BELOW` run on the event loop too (``Batcher``).
         """
         start = time.perf_counter()
         try:
