@@ -1,6 +1,6 @@
 """Triton's extensions a client reaches for, each driven by the unmodified tritonclient over
 HTTP and gRPC against the real server on loopback: classification, compression, the log and
-trace settings, system shared memory (and CUDA shared memory refused by name on the CPU)."""
+trace settings, system shared memory (CUDA shared memory: test_cuda_shared_memory.py)."""
 
 from __future__ import annotations
 
@@ -195,14 +195,6 @@ def test_inputs_and_outputs_through_system_shared_memory(clients, transport):
         shm.destroy_shared_memory_region(outputs)
     status = client.get_system_shared_memory_status()
     assert (list(status) if transport == "http" else list(status.regions)) == []
-
-
-@pytest.mark.parametrize("transport", ["http", "grpc"])
-def test_cuda_shared_memory_is_refused_by_name_on_a_cpu_server(clients, transport):
-    _, client = clients[transport]
-    with pytest.raises(InferenceServerException, match="CUDA shared memory .*'gpu0'.* needs a GPU session") as caught:
-        client.register_cuda_shared_memory("gpu0", b"\0" * 64, 0, 64)
-    assert ("400" in str(caught.value)) if transport == "http" else "INVALID_ARGUMENT" in str(caught.value)
 
 
 def test_a_label_file_that_is_missing_or_outside_the_model_folder_is_named(tmp_path):

@@ -4,8 +4,8 @@
 ``protocol/dataplane.py``): liveness and readiness (of the server and of each model),
 metadata, configuration, statistics, the repository index, model control (load with
 Triton's ``config`` and ``file:`` overrides, unload), inference (check, batch, run, count)
-Triton's extensions a client reaches for (classification, system shared memory, the log
-and trace settings), and the error table that turns an exception into an HTTP status and a
+Triton's extensions a client reaches for (classification, system and CUDA shared memory, the
+log and trace settings), and the error table that turns an exception into an HTTP status and a
 gRPC code. The HTTP
 endpoints (``server.py``) and the gRPC servicer (``grpc_service.py``) only translate their
 transport to and from these calls; the models themselves are the model table
@@ -20,21 +20,23 @@ import logging
 import re
 import tempfile
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Collection
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import numpy as np
 
+from xdevice._device import Device
 from xdevice._errors import ConfigurationError, XDeviceError, message
 from xdevice.serving.classification import classify
 from xdevice.serving.config import parse_config
+from xdevice.serving.cuda_memory import CudaSharedMemory, refuse_cuda
 from xdevice.serving.metrics import Registry
-from xdevice.serving.models import Loaded, Models
-from xdevice.serving.protocol import BadRequest, InferRequest, encode_bytes
+from xdevice.serving.models import Loaded, Models, check_request  # the same checks as Models.infer
+from xdevice.serving.protocol import BadRequest, InferRequest, Region, encode_bytes
 from xdevice.serving.repository import ModelNotFound, Repository, triton_config
 from xdevice.serving.settings import LogSettings, TraceSettings
-from xdevice.serving.shared_memory import SystemSharedMemory, refuse_cuda
+from xdevice.serving.shared_memory import SystemSharedMemory
 
 __all__ = ["DataPlane", "GRPC_CODES", "error_status", "MAX_BODY"]
 
@@ -113,6 +115,7 @@ class DataPlane:
         self.in_flight = 0  # infer calls started and not yet answered, both transports
         self.cancelled = 0  # infer calls cut off before their answer (a stop that timed out)
         self.shared_memory = SystemSharedMemory()
+        self.cuda_memory = CudaSharedMemory()
         self.log_settings = LogSettings(logger)
         self.trace_settings = TraceSettings()
         repo = self.models.repository
@@ -154,6 +157,7 @@ class DataPlane:
                 "model_repository",
                 "model_configuration",
                 "system_shared_memory",
+                *(["cuda_shared_memory"] if self._gpus() else []),
                 "statistics",
                 "trace",
                 "logging",
@@ -194,16 +198,27 @@ class DataPlane:
             loaded = self.models.get(name, version)
             try:
                 request = await decode()
+                # tensors in CUDA regions, decided once: a region unregistered meanwhile stays open for the run
+                in_cuda = {n: r for n, (r, _) in request.input_regions.items() if r.name in self.cuda_memory}
+                out_cuda = {
+                    n: o.region
+                    for n, o in request.output_options.items()
+                    if o.region is not None and o.region.name in self.cuda_memory
+                }
                 for input_name, (region, shape) in request.input_regions.items():
-                    datatype = request.datatypes[input_name]
-                    request.inputs[input_name] = self.shared_memory.read(input_name, region, datatype, shape)
+                    if input_name not in in_cuda:
+                        datatype = request.datatypes[input_name]
+                        request.inputs[input_name] = self.shared_memory.read(input_name, region, datatype, shape)
             except BadRequest:
                 loaded.stats.request(False, time.perf_counter() - start)
                 raise
-            outputs = await self.models.infer(loaded, request, alone=self.in_flight == 1)
+            if in_cuda or out_cuda:
+                outputs = await self._infer_on_device(loaded, request, start, in_cuda, out_cuda)
+            else:
+                outputs = await self.models.infer(loaded, request, alone=self.in_flight == 1)
             encoding = time.perf_counter()
             try:
-                outputs = self._deliver(loaded, request, outputs)
+                outputs = self._deliver(loaded, request, outputs, written=out_cuda)
             except BadRequest:
                 loaded.stats.request(False, time.perf_counter() - start)
                 raise
@@ -216,16 +231,73 @@ class DataPlane:
         finally:
             self.in_flight -= 1
 
-    def _deliver(self, loaded: Loaded, request: InferRequest, outputs: dict) -> dict:
+    async def _infer_on_device(
+        self,
+        loaded: Loaded,
+        request: InferRequest,
+        start: float,
+        inputs_there: dict[str, Region],
+        outputs_there: dict[str, Region],
+    ) -> dict:
+        """A request with tensors in CUDA shared memory: its inputs there bound to ONNX
+        Runtime by their device pointers, its outputs there copied into their regions on the
+        GPU (``shared_memory.py``); on the model's GPU only. It runs on its own, never merged
+        by the dynamic batcher (its tensors stay on the device), on an instance thread.
+        Returns the outputs, those written to a region as stand-ins with their shape and
+        dtype (the encoders name the region)."""
+        try:
+            with self.cuda_memory.using(r.name for r in [*inputs_there.values(), *outputs_there.values()]):
+                device = loaded.session.device
+                for role, name, region in [("Input", n, r) for n, r in inputs_there.items()] + [
+                    ("Output", n, r) for n, r in outputs_there.items()
+                ]:
+                    where = self.cuda_memory.device(f"{role} {name!r}", region)
+                    if where != device:
+                        raise refuse_cuda(
+                            region.name,
+                            f"it lies on {where}, and model {loaded.name!r} runs on {device} "
+                            "(ONNX Runtime binds device memory only on the session's own GPU)",
+                        )
+                for name, region in inputs_there.items():
+                    if name in loaded.vocabulary:
+                        raise BadRequest(
+                            message(
+                                f"Input {name!r} of model {loaded.name!r} holds token ids, checked against the "
+                                "model's vocabulary on the host before every run: it cannot lie in CUDA shared memory",
+                                fix="send it inline or through system shared memory",
+                            )
+                        )
+                    _, shape = request.input_regions[name]
+                    pointer = self.cuda_memory.input(name, region, request.datatypes[name], shape)
+                    request.inputs[name] = pointer  # type: ignore[assignment]  # the session binds it by pointer
+                inputs = check_request(loaded, request)
+                loaded.stats.phase("compute_input", time.perf_counter() - start)
+
+                def run() -> dict:
+                    began = time.perf_counter()
+                    outputs = loaded.session.run_checked(inputs, on_device=list(outputs_there))
+                    for name, region in outputs_there.items():
+                        outputs[name] = self.cuda_memory.write(name, region, outputs[name])
+                    rows = next(iter(inputs.values())).shape[0] if loaded.config.max_batch_size > 0 else 1
+                    loaded.stats.executed(rows, time.perf_counter() - began)
+                    return outputs
+
+                return await asyncio.get_running_loop().run_in_executor(loaded.instances, run)
+        except Exception:
+            loaded.stats.request(False, time.perf_counter() - start)
+            raise
+
+    def _deliver(self, loaded: Loaded, request: InferRequest, outputs: dict, written: Collection[str] = ()) -> dict:
         """The outputs as the request asked for them: classified (``class_count``), or
-        written to their shared-memory region (the encoders then name the region)."""
+        written to their system shared-memory region (the encoders then name the region);
+        those ``written`` are in their CUDA region already (the run wrote them)."""
         labels = {tensor.name: tensor.labels for tensor in loaded.config.outputs}
         delivered = dict(outputs)
         for name, options in request.output_options.items():
             if options.class_count:
                 batched = loaded.config.max_batch_size > 0
                 delivered[name] = classify(name, outputs[name], options.class_count, labels.get(name, ()), batched)
-            elif options.region is not None:
+            elif options.region is not None and name not in written:
                 value = outputs[name]
                 data = encode_bytes(value) if value.dtype.kind in "OSU" else np.ascontiguousarray(value).tobytes()
                 self.shared_memory.write(name, options.region, data)
@@ -234,6 +306,7 @@ class DataPlane:
     # -- Triton's extensions: shared memory, log and trace settings --------------------------
 
     def register_system_memory(self, name: str, key: str, offset: int = 0, byte_size: int = 0) -> None:
+        _name_free(name, self.cuda_memory, "CUDA")
         self.shared_memory.register(name, key, offset, byte_size)
 
     def system_memory_status(self, name: str | None = None) -> list[dict]:
@@ -242,10 +315,34 @@ class DataPlane:
     def unregister_system_memory(self, name: str | None = None) -> None:
         self.shared_memory.unregister(name or None)
 
-    def register_cuda_memory(self, name: str) -> None:
-        """Refused, by name: xdevice serve maps no CUDA memory (on a CPU server there is none)."""
-        gpu = any(m.session.device.kind == "gpu" for versions in self.models.loaded.values() for m in versions.values())
-        raise refuse_cuda(name, gpu)
+    def register_cuda_memory(self, name: str, handle: Any, device_id: Any, byte_size: Any) -> None:
+        """Open a client's CUDA IPC ``handle`` (``byte_size`` bytes on GPU ``device_id``) as
+        region ``name``; refused by name on a server whose models all run on the CPU. The
+        fields come as the transport decoded them and are checked here first."""
+        CudaSharedMemory.check(name, handle, device_id, byte_size)
+        _name_free(name, self.shared_memory, "system")
+        if not self._gpus():
+            raise refuse_cuda(
+                name,
+                "it needs a GPU session (a model served on a GPU by onnxruntime-gpu's CUDA provider), "
+                "and this server runs every model on the CPU",
+            )
+        self.cuda_memory.register(name, handle, device_id, byte_size)
+
+    def cuda_memory_status(self, name: str | None = None) -> list[dict]:
+        return self.cuda_memory.status(name or None)
+
+    def unregister_cuda_memory(self, name: str | None = None) -> None:
+        self.cuda_memory.unregister(name or None)
+
+    def _gpus(self) -> set[Device]:
+        """The GPUs the loaded models run on."""
+        return {
+            m.session.device
+            for versions in self.models.loaded.values()
+            for m in versions.values()
+            if m.session.device.kind == "gpu"
+        }
 
     def log(self, changes: dict | None = None) -> dict:
         """The log settings, after applying ``changes`` (Triton's logging extension)."""
@@ -326,7 +423,20 @@ class DataPlane:
         """Stop every model; the runs already started finish first. Unmaps shared memory."""
         await self.models.close()
         self.shared_memory.close()
+        self.cuda_memory.close()
         self.log_settings.close()
+
+
+def _name_free(name: str, other: SystemSharedMemory | CudaSharedMemory, kind: str) -> None:
+    """Refuse a region name the other kind of shared memory holds: a request names a region
+    by name alone, as in Triton, where both kinds share one table."""
+    if name in other:
+        raise BadRequest(
+            message(
+                f"Shared-memory region {name!r} is already registered as {kind} shared memory",
+                fix="unregister it first, or register under another name",
+            )
+        )
 
 
 def _failures(failed: dict[str, str], strays: list[str]) -> str:

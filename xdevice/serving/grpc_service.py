@@ -4,7 +4,7 @@ The messages and the service are the ones ``tritonclient[grpc]`` ships (``servic
 ``service_pb2_grpc``), so an unmodified ``tritonclient.grpc`` client, or KServe's, talks to
 it. It runs on the HTTP server's event loop, a thin translator over the same
 :class:`~xdevice.serving.dataplane.DataPlane` as HTTP: the same models, batcher, checks,
-statistics, model control, classification, system shared memory, log and trace settings
+statistics, model control, classification, system and CUDA shared memory, log and trace settings
 and errors (the data plane's table gives each failure its gRPC code); streaming answers
 ``UNIMPLEMENTED``.
 """
@@ -193,14 +193,18 @@ def _service(plane: DataPlane) -> Any:
 
         @handled
         async def CudaSharedMemoryRegister(self, request, context):
-            plane.register_cuda_memory(request.name)
+            plane.register_cuda_memory(request.name, request.raw_handle, request.device_id, request.byte_size)
+            return service_pb2.CudaSharedMemoryRegisterResponse()
 
         @handled
         async def CudaSharedMemoryStatus(self, request, context):
-            return service_pb2.CudaSharedMemoryStatusResponse()  # none can be registered
+            region = service_pb2.CudaSharedMemoryStatusResponse.RegionStatus
+            found = plane.cuda_memory_status(request.name)
+            return service_pb2.CudaSharedMemoryStatusResponse(regions={r["name"]: region(**r) for r in found})
 
         @handled
         async def CudaSharedMemoryUnregister(self, request, context):
+            plane.unregister_cuda_memory(request.name)
             return service_pb2.CudaSharedMemoryUnregisterResponse()
 
     return Service()

@@ -16,19 +16,49 @@ Decisions:
   provider synchronises the whole device) before the run reads it.
 - The bound array must outlive the run: :func:`bind_in_place` returns it for the caller to
   hold until the run returns.
+- Memory no framework owns (a client's CUDA shared-memory region, opened from its IPC handle)
+  comes as a :class:`DevicePointer`: its address, device, dtype and shape, bound the same way.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import math
 from typing import Any
 
 from xdevice import _registry
 from xdevice._device import Device
 from xdevice._tensors import backend_of
 
-__all__ = ["binds_in_place", "bind_in_place", "ort_device"]
+__all__ = ["DevicePointer", "binds_in_place", "bind_in_place", "ort_device"]
 
 _THROUGH_HOST = ("bool", "string", "bfloat16")  # dtypes ORT's binding cannot take from a pointer here
+
+
+@dataclasses.dataclass(frozen=True)
+class DevicePointer:
+    """A dense tensor on a GPU known only by its address (a registered CUDA shared-memory
+    region), not owned by any framework: bound to ONNX Runtime by ``pointer``. It has the
+    ``dtype``, ``shape`` and ``ndim`` the session's input checks read.
+
+    >>> DevicePointer(0x7F0000000000, Device("gpu", 0), "float32", (2, 4)).nbytes
+    32
+    """
+
+    pointer: int
+    device: Device
+    dtype: str  # numpy dtype name
+    shape: tuple[int, ...]
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def nbytes(self) -> int:
+        import numpy as np
+
+        return math.prod(self.shape) * np.dtype(self.dtype).itemsize
 
 
 def binds_in_place(array_device: Device | None, session_device: Device, dtype: str) -> bool:
@@ -59,13 +89,18 @@ def ort_device(device: Device) -> tuple[str, int]:
 
 
 def bind_in_place(binding: Any, name: str, value: Any, device: Device, dtype: str) -> Any:
-    """Bind the framework array ``value`` (on ``device``, of numpy dtype name ``dtype``) as
-    input ``name`` of ``binding`` by its data pointer; returns the array that was bound, which
+    """Bind the framework array ``value`` (on ``device``, of numpy dtype name ``dtype``), or a
+    :class:`DevicePointer`, as input ``name`` of ``binding`` by its data pointer; returns what
+    was bound, which
     the caller keeps alive until the run returns. Call ``binding.synchronize_inputs()`` after
     the last input is bound.
     """
     import numpy as np
 
+    if isinstance(value, DevicePointer):
+        device_type, device_id = ort_device(value.device)
+        binding.bind_input(name, device_type, device_id, np.dtype(value.dtype), list(value.shape), value.pointer)
+        return value
     engine = _registry.backend(backend_of(value))
     dense = engine.dense(value)
     device_type, device_id = ort_device(device)

@@ -36,7 +36,7 @@ from xdevice.serving.repository import V2_DATATYPES, ModelNotFound, Repository
 from xdevice.serving.session import Session
 from xdevice.serving.vocabulary import Vocabulary, check_tokens, vocabularies
 
-__all__ = ["Loaded", "Models", "warmup_batches"]
+__all__ = ["Loaded", "Models", "check_request", "warmup_batches"]
 
 logger = logging.getLogger("xdevice.serving")
 
@@ -365,7 +365,7 @@ class Models:
         """
         start = time.perf_counter()
         try:
-            inputs = _check_request(loaded, request)
+            inputs = check_request(loaded, request)
             timeout = _timeout(loaded.config, request)
             loaded.stats.phase("compute_input", time.perf_counter() - start)
             batcher = loaded.batcher
@@ -416,7 +416,7 @@ def _timeout(config: ModelConfig, request: InferRequest) -> float | None:
     return config.queue_timeout_us / 1e6 if config.queue_timeout_us else None
 
 
-def _check_request(loaded: Loaded, request: InferRequest) -> dict[str, np.ndarray]:
+def check_request(loaded: Loaded, request: InferRequest) -> dict[str, np.ndarray]:
     """The request's inputs checked by the session (names, datatypes, shapes), plus what only
     the server knows: the outputs asked for and the batch limits."""
     try:

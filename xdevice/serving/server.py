@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import orjson
 
 from xdevice._errors import ConfigurationError, InferenceError, message
+from xdevice.serving.cuda_memory import raw_handle
 from xdevice.serving.dataplane import MAX_BODY, DataPlane, error_status
 from xdevice.serving.protocol import HEADER_LENGTH, BadRequest, decode_request, encode_response
 from xdevice.serving.session import serving_device
@@ -326,12 +327,16 @@ class _Endpoints:
         return _reply()
 
     async def cuda_memory_status(self, request, name=None):
-        return _reply([])  # none can be registered (register_cuda_memory says why)
+        return _reply(self.plane.cuda_memory_status(name))
 
     async def register_cuda_memory(self, request, name):
-        self.plane.register_cuda_memory(name)
+        body = await _read_json(request, self.plane.max_body)
+        handle = raw_handle(body.get("raw_handle"))
+        self.plane.register_cuda_memory(name, handle, body.get("device_id"), body.get("byte_size"))
+        return _reply()
 
     async def unregister_cuda_memory(self, request, name=None):
+        self.plane.unregister_cuda_memory(name)
         return _reply()
 
     async def metrics(self, request):

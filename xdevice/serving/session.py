@@ -14,6 +14,8 @@ Decisions:
 - Framework arrays on the session's GPU are bound with IO binding by their device pointer
   (``xdevice.serving.iobinding``: no host copy); outputs are bound on the session's device,
   and ``to="torch"|"jax"|"tensorflow"`` hands them over through DLPack, on that device.
+  Memory no framework owns (a CUDA shared-memory region) comes as a ``DevicePointer`` and is
+  bound the same way; ``run_checked(on_device=...)`` leaves chosen outputs on the device.
   String outputs are always numpy object arrays of ``str``.
 - Providers and session options come from ``xdevice._onnxruntime``, under the process-wide
   settings of ``xdevice.configure``: on a GPU, ``use_tf32`` from ``matmul_precision``,
@@ -35,7 +37,7 @@ import collections
 import dataclasses
 import os
 import warnings
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -45,7 +47,7 @@ from xdevice._device import device as parse_device
 from xdevice._discovery import devices
 from xdevice._errors import ConfigurationError, DeviceNotFound, InferenceError, message
 from xdevice._tensors import backend_of, to_host
-from xdevice.serving.iobinding import bind_in_place, binds_in_place, ort_device
+from xdevice.serving.iobinding import DevicePointer, bind_in_place, binds_in_place, ort_device
 
 __all__ = ["TensorSpec", "Session", "serving_device"]
 
@@ -223,16 +225,31 @@ class Session:
             raise InferenceError(message("Unknown output framework", received=to, choices=_registry.backends()))
         return self.run_checked(self.check_inputs(inputs), wanted, to)
 
-    def run_checked(self, feeds: dict[str, Any], outputs: list[str] | None = None, to: str | None = None):
+    def run_checked(
+        self,
+        feeds: dict[str, Any],
+        outputs: list[str] | None = None,
+        to: str | None = None,
+        *,
+        on_device: Collection[str] = (),
+    ):
         """:meth:`run` on ``feeds`` that :meth:`check_inputs` returned and ``outputs`` (names
         of the model's outputs; default: all) and ``to`` already checked: what the server
         calls, having checked each request once before it queued. Thread safe.
+
+        Args:
+            on_device: outputs (of a GPU session, not strings) to return as ONNX Runtime's own
+                values (``OrtValue``) on the session's device, for the caller to copy where it
+                needs them (a CUDA shared-memory region) before it lets them go; the others
+                come back as ``to`` says.
 
         Raises:
             InferenceError: the run failed.
         """
         wanted = self._output_names if outputs is None else outputs
         try:
+            if on_device:
+                return self._run_kept(feeds, wanted, set(on_device))
             if to in (None, "numpy") and not any(_is_device_array(v) for v in feeds.values()):
                 return dict(zip(wanted, self._session.run(wanted, feeds)))  # numpy already: as they are
             return self._run_bound(feeds, wanted, to, self.device.kind == "gpu")
@@ -245,15 +262,7 @@ class Session:
 
     def _run_bound(self, feeds: dict[str, Any], wanted: list[str], to: str | None, on_gpu: bool):
         binding = self._session.io_binding()  # one per call: a binding is not shared between threads
-        specs_in = {s.name: s for s in self.inputs}
-        held = []  # arrays bound by pointer stay alive until the run returns
-        for name, value in feeds.items():
-            if _is_device_array(value):
-                held.append(bind_in_place(binding, name, value, self.device, specs_in[name].dtype))
-            else:
-                binding.bind_cpu_input(name, to_host(value))
-        if held:  # the producing framework may still be writing them on its own CUDA stream
-            binding.synchronize_inputs()
+        held = self._bind_inputs(binding, feeds)  # bound by pointer: alive until the run returns
         specs = {s.name: s for s in self.outputs}
         place = ort_device(self.device)
         for name in wanted:
@@ -275,6 +284,43 @@ class Session:
             else:
                 result[name] = target.from_dlpack(value)
         return result
+
+    def _bind_inputs(self, binding: Any, feeds: dict[str, Any]) -> list[Any]:
+        """Bind ``feeds``: device arrays by pointer, the others from the host; returns what was
+        bound by pointer, for the caller to hold until the run returns."""
+        specs = self._input_specs
+        held = []
+        for name, value in feeds.items():
+            if _is_device_array(value):
+                held.append(bind_in_place(binding, name, value, self.device, specs[name].dtype))
+            else:
+                binding.bind_cpu_input(name, to_host(value))
+        if held:  # the producing framework may still be writing them on its own CUDA stream
+            binding.synchronize_inputs()
+        return held
+
+    def _run_kept(self, feeds: dict[str, Any], wanted: list[str], kept: set[str]) -> dict[str, Any]:
+        """:meth:`run_checked` with the outputs ``kept`` left on the device as ``OrtValue`` objects
+        and the others copied to numpy by ONNX Runtime (bound on the host)."""
+        specs = {s.name: s for s in self.outputs}
+        refused = sorted(n for n in kept if self.device.kind != "gpu" or specs[n].dtype == "string")
+        if refused:
+            raise InferenceError(
+                message(
+                    f"Model {self.name!r} cannot leave outputs {refused} in GPU memory",
+                    expected="numeric outputs of a model running on a GPU",
+                    received=f"{self.device}, dtypes {[specs[n].dtype for n in refused]}",
+                )
+            )
+        binding = self._session.io_binding()
+        held = self._bind_inputs(binding, feeds)
+        place = ort_device(self.device)
+        for name in wanted:
+            binding.bind_output(name, *(place if name in kept else ("cpu", 0)))
+        self._session.run_with_iobinding(binding)
+        binding.synchronize_outputs()
+        del held
+        return {name: value if name in kept else value.numpy() for name, value in zip(wanted, binding.get_outputs())}
 
     def check_inputs(self, inputs: dict[str, Any]) -> dict[str, Any]:
         """``inputs`` checked against the model's (names, dtypes, shapes) and ready for ORT.
@@ -510,6 +556,16 @@ def _checked(spec: TensorSpec, value: Any, device: Device):
         value = np.array(text, dtype=object).reshape(array.shape)  # ORT would str() bytes: "b'ab'"
     elif isinstance(value, (list, tuple, int, float, bool)):
         value = np.asarray(value, dtype=spec.dtype)  # a list has no dtype of its own
+    elif isinstance(value, DevicePointer):
+        if value.device != device:  # ORT binds a pointer only on the session's own device
+            raise InferenceError(
+                message(
+                    f"Input {spec.name!r} lies in GPU memory of another device than the model's",
+                    expected=f"memory on {device}",
+                    received=str(value.device),
+                    fix=f"put it on {device}, or send it through the host",
+                )
+            )
     elif not isinstance(value, np.ndarray):
         name = backend_of(value)
         engine = _registry.backend(name)

@@ -1,13 +1,13 @@
 """Triton's system shared-memory extension: regions a client on the same host registers, so
-tensors skip the copy through the socket.
+tensors skip the copy through the socket (CUDA shared memory: ``cuda_memory.py``).
 
-A client creates a POSIX shared-memory object (``tritonclient.utils.shared_memory``), registers
-it under a name with its ``key``, ``offset`` and ``byte_size``, then names the region in an
-input's or a requested output's ``shared_memory_region`` parameters (with
-``shared_memory_byte_size`` and ``shared_memory_offset``): the server reads that input from the
-region and writes that output into it. The server maps the object read-write while it is
-registered; every read and write is checked to lie inside the registered part. CUDA shared
-memory is refused by name (:func:`refuse_cuda`).
+A client creates a POSIX shared-memory object
+(``tritonclient.utils.shared_memory``), registers it under a name with its ``key``, ``offset``
+and ``byte_size``, then names the region in an input's or a requested output's
+``shared_memory_region`` parameters (with ``shared_memory_byte_size`` and
+``shared_memory_offset``): the server reads that input from the region and writes that output
+into it. The server maps the object read-write while it is registered; every read and write
+is checked to lie inside the registered part.
 """
 
 from __future__ import annotations
@@ -22,7 +22,8 @@ import numpy as np
 from xdevice._errors import message
 from xdevice.serving.protocol import BadRequest, Region, tensor_from_bytes
 
-__all__ = ["SystemSharedMemory", "refuse_cuda"]
+__all__ = ["SystemSharedMemory"]
+
 
 #: where Linux keeps POSIX shared-memory objects (``shm_open``'s namespace)
 SHM_ROOT = Path("/dev/shm")
@@ -46,6 +47,9 @@ class SystemSharedMemory:
 
     def __init__(self) -> None:
         self._regions: dict[str, _Mapped] = {}
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._regions
 
     def register(self, name: str, key: str, offset: int = 0, byte_size: int = 0) -> None:
         """Map the shared-memory object ``key`` (``/name`` as ``shm_open`` takes it) and keep
@@ -136,7 +140,8 @@ class SystemSharedMemory:
                     "Unknown shared-memory region",
                     received=name,
                     choices=sorted(self._regions),
-                    fix="register it first (POST /v2/systemsharedmemory/region/<name>/register)",
+                    fix="register it first (POST /v2/systemsharedmemory/region/<name>/register, "
+                    "or /v2/cudasharedmemory/... for GPU memory)",
                 ),
                 status=404,
             ) from None
@@ -155,19 +160,3 @@ class SystemSharedMemory:
                 )
             )
         return mapped.offset + region.offset
-
-
-def refuse_cuda(name: str, gpu: bool) -> BadRequest:
-    """The answer to a CUDA shared-memory registration: refused by name, with what it needs."""
-    needs = (
-        "xdevice serve does not map CUDA IPC handles yet"
-        if gpu
-        else "it needs a GPU session (a model served with --device gpu:N or KIND_GPU), "
-        "and this server runs every model on the CPU"
-    )
-    return BadRequest(
-        message(
-            f"CUDA shared memory (region {name!r}) is not available: {needs}",
-            fix="register system shared memory instead (tritonclient.utils.shared_memory)",
-        )
-    )
