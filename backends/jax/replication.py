@@ -30,6 +30,7 @@ column ``r % m``), so each process holds its part of each split weight and of it
 from __future__ import annotations
 
 import functools
+import hashlib
 import os
 from collections.abc import Callable
 from typing import Any
@@ -62,12 +63,24 @@ class Replicas(training.Replicas):
 
     def _shared(self, arrays: dict[str, Any]) -> dict[str, Any]:
         """``arrays`` as JAX takes them for a mesh: across processes, process 0's host values
-        (every process then keeps the pieces of its own devices); in one process, as they are."""
-        if not self.processes:
+        (every process then keeps the pieces of its own devices); in one process, as they are.
+
+        Only the arrays whose bytes differ somewhere are sent: the processes first compare a
+        digest of each (an all-gather of 8 bytes an array), since each process usually built
+        the same model from the same seed. ``broadcast_one_to_all`` holds several whole copies
+        of what it sends at once (process 0's values, the others' zeros, their sum, the host
+        copy): for a model that is the memory of several models in every process."""
+        if not self.processes or not arrays:
             return arrays
         from jax.experimental import multihost_utils
 
-        return multihost_utils.broadcast_one_to_all({k: np.asarray(v) for k, v in arrays.items()})
+        host = {k: np.asarray(v) for k, v in arrays.items()}
+        digests = np.array([_digest(v) for v in host.values()], np.int32).reshape(len(host), 2)
+        every = np.asarray(multihost_utils.process_allgather(digests)).reshape(-1, len(host), 2)
+        differ = [k for k, same in zip(host, (every == every[0]).all(axis=(0, 2))) if not same]
+        if differ:
+            host.update(multihost_utils.broadcast_one_to_all({k: host[k] for k in differ}))
+        return host
 
     def place_batch(self, x: Any, y: Any) -> tuple[Any, Any]:
         # JAX splits one array into equal shards: a short batch's x is padded with repeats of
@@ -240,6 +253,15 @@ def _reshaping(shape: tuple[int, ...], where: NamedSharding) -> Callable[[Any], 
     """A compiled reshape to ``shape`` whose result lies as ``where`` says (an eager reshape of
     a split array would put the whole result on every device)."""
     return jax.jit(lambda value: jnp.reshape(value, shape), out_shardings=where)
+
+
+def _digest(value: np.ndarray) -> tuple[int, int]:
+    """8 bytes of a BLAKE2b digest of ``value``'s dtype, shape and bytes, as two int32s (JAX
+    exchanges 32-bit ints unless 64-bit mode is on)."""
+    digest = hashlib.blake2b(f"{value.dtype}{value.shape}".encode(), digest_size=8)
+    digest.update(np.ascontiguousarray(value).view(np.uint8).ravel().data)
+    first, second = np.frombuffer(digest.digest(), np.int32)
+    return int(first), int(second)
 
 
 def _split_across_processes(value: Any) -> bool:

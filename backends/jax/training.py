@@ -7,6 +7,7 @@ of theirs exists only once they are imported).
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -16,7 +17,7 @@ from xdevice._discovery import find
 from xdevice._errors import ConfigurationError, message
 from xdevice.backends.training import Program
 
-__all__ = ["ModuleProgram", "PairProgram", "program", "takes_host_batches"]
+__all__ = ["ModuleProgram", "PairProgram", "output_shape", "program", "takes_host_batches"]
 
 
 class _Tree:
@@ -155,6 +156,18 @@ def takes_host_batches(backend: Any, device: Device) -> bool:
     """
     native = backend.native_device(device)
     return native.platform == "cpu" and jax.config.jax_default_device is None and native == jax.devices()[0]
+
+
+def output_shape(backend: Any, fn: Callable[..., Any], *args: Any) -> tuple[int, ...]:
+    """The shape of the array ``fn(*args)`` returns, from ``jax.eval_shape``: ``fn`` traced on
+    the arguments' shapes and dtypes, nothing computed, no array made (a sharded or split
+    argument counts as the global array it is, in every process, with no exchange).
+
+    >>> import jax.numpy as jnp
+    >>> output_shape(None, lambda w, x: x @ w, jnp.ones((4, 3)), jnp.ones((2, 4)))
+    (2, 3)
+    """
+    return tuple(int(n) for n in jax.eval_shape(fn, *args).shape)
 
 
 def _is_nnx(model: Any) -> bool:

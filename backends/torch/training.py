@@ -5,13 +5,19 @@ registry; the backend never imports it.
 A module trains in place through ``torch.func.functional_call``: its parameters are the
 program's params and its buffers (batch-norm statistics) update as in ``module.train()``.
 Under ``strategy="fsdp"`` across processes its parameters become this rank's shards.
+
+:func:`output_shape` is the trainer's shape evaluation: a forward pass on fake tensors
+(``torch._subclasses.FakeTensorMode``, what ``torch.export`` traces on), which computes nothing
+and holds no array of the weights' size, split or whole.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.distributed.tensor import DTensor
 
 from xdevice._device import Device
@@ -19,7 +25,7 @@ from xdevice._discovery import find
 from xdevice._errors import ConfigurationError, message
 from xdevice.backends.training import Program
 
-__all__ = ["ModuleProgram", "program", "split"]
+__all__ = ["ModuleProgram", "output_shape", "program", "split"]
 
 
 class ModuleProgram(Program):
@@ -68,6 +74,36 @@ class ModuleProgram(Program):
 def program(backend: Any, model: Any, device: Device | None) -> Program:
     """The program of a ``torch.nn.Module`` (moved to ``device`` when one is given)."""
     return ModuleProgram(backend, model, device)
+
+
+def output_shape(backend: Any, fn: Callable[..., Any], *args: Any) -> tuple[int, ...]:
+    """The shape of the tensor ``fn(*args)`` returns (``args``: tensors and dicts of them), from
+    ``fn`` run on fake tensors of the arguments' whole shapes, dtypes and devices: torch's shape
+    propagation, with no arithmetic and no memory for the arguments. A DTensor (a shard, or a
+    tensor-parallel split) counts as the whole tensor it is part of, so nothing is gathered.
+    ``fn`` runs on the real arguments instead where its output's shape depends on their values
+    (a ``.item()``, a ``nonzero``), an op has no fake kernel, or tracing fails for any other
+    reason (a user's module doing something fake tensors cannot follow).
+
+    >>> import torch
+    >>> output_shape(None, lambda w, x: x @ w, torch.ones(4, 3), torch.ones(2, 4))
+    (2, 3)
+    """
+    try:
+        with FakeTensorMode(allow_non_fake_inputs=True):  # constants made inside fn stay real
+            out = fn(*(_fake(a) for a in args))
+    except Exception:  # noqa: BLE001 - any op fake tensors cannot trace: the real pass says what is wrong, if anything
+        out = fn(*args)
+    return tuple(int(n) for n in out.shape)
+
+
+def _fake(tree: Any) -> Any:
+    """``tree``'s tensors as uninitialised ones of their whole shapes (fake, inside the mode)."""
+    if isinstance(tree, dict):
+        return {k: _fake(v) for k, v in tree.items()}
+    if isinstance(tree, torch.Tensor):
+        return torch.empty(tuple(tree.shape), dtype=tree.dtype, device=tree.device)
+    return tree
 
 
 def split(backend: Any, model: Any, devices: list[Device]) -> list[Any]:

@@ -134,6 +134,32 @@ def test_a_split_attention_exchanges_nothing_but_the_sums_after_its_row_layers(j
 
 
 @pytest.mark.multi_device
+def test_a_first_fit_learns_the_output_shape_without_gathering_the_split_weights(jax_devices, monkeypatch):
+    # a language model declares no output width: the first fit learns it from the model, by
+    # shape evaluation on the split arrays as held, not from a forward pass on gathered ones
+    # (across processes that gather puts the whole model on every device)
+    trainer = Trainer(build("gpt2"), "cross_entropy", "sgd", devices=jax_devices[:2], mesh={"model": 2})
+    gathered = []
+    whole = trainer.replicas.whole
+    monkeypatch.setattr(trainer.replicas, "whole", lambda arrays: gathered.append(sorted(arrays)) or whole(arrays))
+    x, y = data("gpt2")
+    trainer.fit((x[:ROWS], y[:ROWS]), epochs=1, batch_size=ROWS, verbose=0, seed=0)
+    assert gathered == []
+    assert trainer.rules.shape == (TOKENS, build("gpt2", "numpy").spec["vocab"])
+
+
+@pytest.mark.multi_device
+def test_a_model_split_by_a_trainer_holds_the_split_arrays_from_the_start(jax_devices):
+    # the model's whole arrays are let go of as soon as the trainer holds their parts, not after
+    # the first step: across processes the whole beside the parts is a second model in each
+    model = build("gpt2")
+    trainer = Trainer(model, "cross_entropy", "sgd", devices=jax_devices[:2], mesh={"model": 2})
+    key = QUERY["gpt2"]
+    assert model.params[key] is trainer.program.params[key]
+    assert not model.params[key].sharding.is_fully_replicated  # split over "model"
+
+
+@pytest.mark.multi_device
 def test_what_leaves_a_tensor_parallel_trainer_is_in_the_saved_layout(jax_devices, tmp_path):
     trainer = Trainer(build("gpt2"), "cross_entropy", "adam", devices=jax_devices[:2], mesh={"model": 2})
     x, y = data("gpt2")

@@ -200,3 +200,42 @@ def test_a_model_axis_in_one_process_is_refused_with_the_launch_that_works(devic
     said = str(refused.value)
     assert "PyTorch splits a model's layers across processes" in said
     assert "xdevice launch --nproc-per-node 2" in said
+
+
+FIRST_FIT = textwrap.dedent("""
+    import json, sys
+    import numpy as np
+    from torch.distributed.tensor.debug import CommDebugMode
+    from xdevice import models, Trainer
+    from xdevice.training.launch import world
+
+    model = models.build("gpt2", backend="torch", **json.loads(sys.argv[2]))
+    rng = np.random.default_rng(0)
+    x = rng.integers(0, model.spec["vocab"], size=(4, 8)).astype("int32")
+    trainer = Trainer(model, "cross_entropy", "sgd", lr=1e-3, mesh={"model": 2})
+    comm = CommDebugMode()
+    with comm:  # the first fit: the output's shape learnt, then one step
+        trainer.fit((x, np.roll(x, -1, axis=1).astype("int64")), epochs=1, batch_size=4, verbose=0, seed=0)
+    rank, _ = world()
+    with open(f"{sys.argv[1]}/rank{rank}.json", "w") as out:
+        counts = {str(op).split(".")[-1]: n for op, n in comm.get_comm_counts().items()}
+        json.dump({"collectives": counts, "outputs": list(trainer.rules.shape)}, out)
+""")
+
+
+@pytest.mark.multi_device
+def test_a_first_fit_learns_the_output_shape_without_gathering_the_split_weights(tmp_path):
+    # gpt2 declares no output width: the first fit learns it by shape evaluation on the split
+    # weights (fake tensors), so its collectives are the one step's (Megatron's four sums per
+    # block), with no all-gather of the weights nor broadcast of the batch before it
+    script = tmp_path / "first_fit.py"
+    script.write_text(FIRST_FIT)
+    launch = [sys.executable, "-m", "xdevice", "launch", "--nproc-per-node", "2"]
+    done = subprocess.run(
+        [*launch, str(script), str(tmp_path), json.dumps(spec("gpt2"))], capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    for rank in range(2):
+        found = json.loads((tmp_path / f"rank{rank}.json").read_text())
+        assert found["collectives"] == {"all_reduce": 4}, found["collectives"]
+        assert found["outputs"] == [8, models.definition("gpt2").SMALL["vocab"]]

@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Iterator
 
 import numpy as np
 
-__all__ = ["Param", "initialise", "dense", "conv", "norm", "batch_norm"]
+__all__ = ["Param", "initialise", "drawn", "dense", "conv", "norm", "batch_norm"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -30,20 +31,55 @@ class Param:
 
 
 def initialise(table: dict[str, Param], seed: int) -> dict[str, np.ndarray]:
+    """Every array of ``table``, drawn from ``seed`` (:func:`drawn`'s, in one dict)."""
+    return dict(drawn(table, seed))
+
+
+#: how many values a draw makes at once (32 MB of float64): a large array is drawn in runs of
+#: its rows, each cast to float32 as it comes, not whole in float64 first (llama's embedding,
+#: 128,256 x 2,048, would take 2.1 GB for that alone)
+_RUN = 1 << 22
+
+
+def drawn(table: dict[str, Param], seed: int) -> Iterator[tuple[str, np.ndarray]]:
+    """``(name, float32 array)`` for every array of ``table``, in order, drawn one after another
+    from one ``numpy.random.default_rng(seed)``: a caller that takes each as it comes (placing it
+    on a device) never holds them all in numpy. A large array is drawn in runs of rows; numpy's
+    ``Generator`` gives the same values drawn in runs as at once (uniform and normal alike), so
+    the weights are the same as one draw of each array would give.
+
+    >>> a, b = (dict(drawn({"w": Param((3, 2), "normal")}, 0)) for _ in range(2))
+    >>> a["w"].dtype, bool((a["w"] == b["w"]).all())
+    (dtype('float32'), True)
+    """
     rng = np.random.default_rng(seed)
-    out = {}
     for name, param in table.items():
-        if param.init == "zeros":
-            value = np.zeros(param.shape)
-        elif param.init == "ones":
-            value = np.ones(param.shape)
-        elif param.init == "normal":
-            value = rng.normal(0.0, 0.02, param.shape)
-        else:
-            bound = 1.0 / math.sqrt(param.fan_in)
-            value = rng.uniform(-bound, bound, param.shape)
-        out[name] = value.astype(np.float32)
+        yield name, _draw(rng, param)
+
+
+def _draw(rng: np.random.Generator, param: Param) -> np.ndarray:
+    if param.init == "zeros":
+        return np.zeros(param.shape, np.float32)
+    if param.init == "ones":
+        return np.ones(param.shape, np.float32)
+    shape = param.shape
+    row = math.prod(shape[1:])
+    if len(shape) < 2 or shape[0] * row <= _RUN:
+        return _values(rng, param, shape).astype(np.float32)
+    out = np.empty(shape, np.float32)
+    step = max(_RUN // max(row, 1), 1)
+    for start in range(0, shape[0], step):
+        stop = min(start + step, shape[0])
+        out[start:stop] = _values(rng, param, (stop - start, *shape[1:]))
     return out
+
+
+def _values(rng: np.random.Generator, param: Param, shape: tuple[int, ...]) -> np.ndarray:
+    """The next ``shape`` values of ``param``'s distribution (float64, as numpy draws them)."""
+    if param.init == "normal":
+        return rng.normal(0.0, 0.02, shape)
+    bound = 1.0 / math.sqrt(param.fan_in)
+    return rng.uniform(-bound, bound, shape)
 
 
 def dense(prefix: str, inputs: int, outputs: int, bias: bool = True) -> dict[str, Param]:

@@ -10,7 +10,7 @@ import functools
 import importlib
 import json
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from xdevice import _registry
@@ -243,13 +243,14 @@ def build(
     full = {**module.DEFAULTS, **{k: list(v) if isinstance(v, tuple) else v for k, v in spec.items()}}
     if hasattr(module, "check"):  # what would build a wrong model silently (image=[8, 8]: 8 channels)
         module.check(full)
-    from xdevice.models._init import initialise
+    from xdevice.models._init import drawn
 
     if seed is None:
         from xdevice._seed import default_seed
 
         seed = default_seed()
-    return _place(name, full, initialise(module.parameters(full), seed), backend, device, dtype)
+    # each array placed as it is drawn: numpy never holds the whole model beside the backend's copy
+    return _place(name, full, drawn(module.parameters(full), seed), backend, device, dtype)
 
 
 def _from_transformers(name: str, module: Any, path: Any, backend: str, device: Any, dtype: str, spec: dict) -> Model:
@@ -373,15 +374,21 @@ def load(path: str | os.PathLike, backend: str = "numpy", device: Any = "cpu", d
     return _place(header["model"], header["spec"], arrays, backend, device, dtype)
 
 
-def _place(name: str, spec: dict, arrays: dict, backend: str, device: Any, dtype: str | None) -> Model:
+def _place(
+    name: str, spec: dict, arrays: dict | Iterator[tuple[str, Any]], backend: str, device: Any, dtype: str | None
+) -> Model:
+    """The model of ``arrays`` on ``backend`` and ``device``: numpy arrays by name (copied), or
+    freshly drawn ``(name, array)`` pairs in the table's order, each placed (on the CPU, PyTorch
+    keeps the array itself) and let go of before the next is drawn."""
     target = _registry.backend(backend)
     where = find(device, backend=backend)
     table = definition(name).parameters(spec)
+    given = isinstance(arrays, dict)  # the caller's arrays are copied; drawn ones are the model's own
+    pairs = ((key, arrays[key]) for key in table) if isinstance(arrays, dict) else arrays
     params = {}
-    for key in table:
-        value = arrays[key]
+    for key, value in pairs:
         if dtype is not None:
-            value = value.astype("float64" if dtype == "float64" else "float32")
+            value = value.astype("float64" if dtype == "float64" else "float32", copy=given)
         array = target.ops.asarray(value)
         if dtype is not None and dtype != target.ops.dtype(array):
             array = target.ops.cast(array, dtype)

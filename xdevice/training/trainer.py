@@ -74,12 +74,14 @@ class Trainer:
         strategy: ``"replicate"`` (every device holds the whole model and optimizer state)
             or ``"fsdp"`` (JAX over ``devices=[...]`` in one process; PyTorch across the
             processes ``xdevice launch`` started, with FSDP2: each holds a shard of the
-            parameters, gradients and optimizer state, about 1/N of them; after training they
-            stay sharded, :meth:`gather` brings them whole, and saving gathers).
+            parameters, gradients and optimizer state, about 1/N of them; the model holds its
+            shards from the trainer's making on, so its whole arrays are let go of at once, and
+            after training they stay sharded: :meth:`gather` brings them whole, and saving gathers).
         mesh: with ``devices``, lay them out as a grid, ``{"data": d, "model": m}`` (``d * m``
             devices): the batch is split ``d`` ways and the zoo transformers' attention and MLP
-            layers ``m`` ways (tensor parallel, Megatron-LM's layout; JAX). They stay split
-            after training, as under fsdp. Default: ``{"data": len(devices)}``.
+            layers ``m`` ways (tensor parallel, Megatron-LM's layout; JAX). The model holds
+            the split arrays from the trainer's making on, and after training, as under fsdp.
+            Default: ``{"data": len(devices)}``.
         stages: split a sequential model layer-wise, stage ``i`` on ``stages[i]``, for models
             that do not fit one device: a ``torch.nn.Sequential`` (cut into runs of about equal
             parameter counts) or a list of stage models (see ``programs.staged``).
@@ -183,6 +185,8 @@ class Trainer:
         self.replicas.fused_by_parts = self.program.fused_by_parts  # how tensor parallel may hold attn.qkv
         self.program.params = self.replicas.place_params(self.program.params)
         self.program.buffers = self.replicas.place_params(self.program.buffers)
+        if self.replicas.shards:  # the model's whole arrays let go of at once, not after the first step:
+            self.program.write_back()  # beside the shards they are the memory sharding saves
         state = self.optimizer.init(self.ops, self.program.params)
         self.state = self._placed({**state, **(self.scaler.init(self.ops) if self.scaler else {})})
         self.step_count = self.epoch = self.batch = 0
@@ -683,17 +687,32 @@ class Trainer:
         return self.rules.check(x, y)
 
     def _learn_outputs(self, x: Any) -> None:
-        """The model's output shape, from one forward pass in inference mode on ``x``, when a
+        """The model's output shape, from a forward pass in inference mode on ``x``, when a
         named loss checks the targets against it and the model does not declare it (a
-        framework's own model, an imported one)."""
+        framework's own model, an imported one, a zoo language model).
+
+        Where the backend evaluates shapes (its ``training.output_shape``: JAX's
+        ``jax.eval_shape``, PyTorch's fake tensors) the pass computes nothing and takes the
+        parameters as the replicas hold them: split or sharded weights are not gathered whole
+        (a real-scale model under tensor parallel would need the whole model's memory on every
+        device for it), and nothing is exchanged. Elsewhere the forward runs on the weights."""
         rules = self.rules
         if rules.outputs is not None or rules.loss is None or not hasattr(x, "shape"):
             return
         rules.check_x(x)  # an input the parameters cannot take fails in the forward pass
         p = self.program
-        placed = self.replicas.place_params({"x": self.backend.to_device(self.ops.asarray(x), p.device)})["x"]
-        out, _ = p.forward(self.replicas.whole(p.params), self.replicas.whole(p.buffers), placed, False)
-        rules.set_outputs(tuple(int(d) for d in self.ops.shape(out)[1:]))
+        x = self.backend.to_device(self.ops.asarray(x), p.device)
+
+        def outputs(params: dict, buffers: dict, x: Any) -> Any:
+            return p.forward(params, buffers, x, False)[0]
+
+        shape = getattr(_registry.extension(self.backend.name, "training"), "output_shape", None)
+        if shape is not None:
+            found = shape(self.backend, outputs, p.params, p.buffers, x)
+        else:  # the engines without shape evaluation hold whole weights (numpy, TensorFlow)
+            placed = self.replicas.place_params({"x": x})["x"]
+            found = self.ops.shape(outputs(self.replicas.whole(p.params), self.replicas.whole(p.buffers), placed))
+        rules.set_outputs(tuple(int(d) for d in found[1:]))
 
     # -- helpers --------------------------------------------------------------------------
 
