@@ -27,7 +27,7 @@ the step stays the same on one device, several, or several processes:
   across them instead of copied (``strategy="fsdp"``); ``shards`` says which a replicas object
   does. An engine that cannot shard refuses here, by name, with the reason and the way that works;
 - ``tensor_parallel(data, model)``: the same devices as a ``data x model`` mesh, the zoo
-  transformers' attention and MLP weights split over ``model`` (:func:`tensor_parallel_axis`)
+  transformers' attention and MLP weights and token embedding split over ``model`` (:func:`tensor_parallel_axis`)
   and the batch over ``data`` (``mesh={"data": 2, "model": 2}``); a backend whose ``Replication``
   sets ``supports_tensor_parallel`` overrides it (JAX; PyTorch across launched processes), the rest refuse.
   For a program whose forward takes them so (``Program.fused_by_parts``: the zoo's), the fused
@@ -54,6 +54,7 @@ __all__ = [
     "PRECISIONS",
     "ROW_SPLIT",
     "STRATEGIES",
+    "VOCAB_SPLIT",
     "Program",
     "Replicas",
     "donating",
@@ -113,6 +114,14 @@ MESH_AXES = ("data", "model")
 COLUMN_SPLIT = ("attn.qkv", "attn.q", "attn.k", "attn.v", "mlp.fc1", "mlp.up", "mlp.gate")
 ROW_SPLIT = ("attn.out", "mlp.fc2", "mlp.down")
 
+#: the token embedding, ``(vocab, width)``, split by vocabulary (Megatron-LM's
+#: ``VocabParallelEmbedding``): each device holds ``vocab / count`` rows and looks up the ids in
+#: its range, the others giving zeros, and one sum makes every row whole; where the head is tied
+#: to it (gpt2, llama), the head's ``(width, vocab)`` is split by columns with it and the logits
+#: come out split by vocabulary. A vocabulary the count does not divide (gpt2's 50,257) is kept
+#: whole, as any axis the layout cannot split evenly is.
+VOCAB_SPLIT = ("tokens",)
+
 #: the fused projections: one layer whose output columns are several projections side by side,
 #: each a whole number of heads (``attn.qkv``: ``[q | k | v]``), by how many
 FUSED = {"attn.qkv": 3}
@@ -132,7 +141,8 @@ def tensor_parallel_axis(name: str, shape: tuple[int, ...], count: int) -> int |
     """The axis the parameter ``name`` (or its optimizer slot, ``m/<name>``) of ``shape`` is
     split along over a ``model`` mesh axis of ``count`` devices, or None (copied whole).
     A :data:`COLUMN_SPLIT` layer's weight ``(in, out)`` and bias split along ``out``; a
-    :data:`ROW_SPLIT` layer's weight along ``in``, its bias whole (added once, after the sum).
+    :data:`ROW_SPLIT` layer's weight along ``in``, its bias whole (added once, after the sum);
+    the :data:`VOCAB_SPLIT` token embedding ``(vocab, width)`` along ``vocab``.
     A fused projection held by its parts (:func:`tensor_parallel_shape`) splits along its last
     axis too. An axis that ``count`` does not divide is not split. One rule, read by the engine
     that splits and by the memory estimate.
@@ -144,7 +154,9 @@ def tensor_parallel_axis(name: str, shape: tuple[int, ...], count: int) -> int |
     (2, 1)
     >>> split("block0.mlp.down.weight", (64, 32), 4), split("block0.attn.out.bias", (32,), 2)
     (0, None)
-    >>> split("tokens.weight", (96, 32), 2), split("block0.mlp.up.weight", (32, 6), 4)
+    >>> split("tokens.weight", (96, 32), 2), split("m/tokens.weight", (50257, 768), 2)
+    (0, None)
+    >>> split("positions.weight", (32, 32), 2), split("block0.mlp.up.weight", (32, 6), 4)
     (None, None)
     """
     if count <= 1 or not shape:
@@ -152,7 +164,7 @@ def tensor_parallel_axis(name: str, shape: tuple[int, ...], count: int) -> int |
     layer, leaf = _layer(name)
     if layer in COLUMN_SPLIT:
         axis = len(shape) - 1
-    elif layer in ROW_SPLIT and leaf == "weight":
+    elif layer in ROW_SPLIT + VOCAB_SPLIT and leaf == "weight":
         axis = 0
     else:
         return None

@@ -30,7 +30,8 @@ parallel at N = 1 being one process without a mesh); on JAX in one process over 
 virtual CPU devices (``xdevice.configure(cpu_devices=4)``, in a subprocess: it must come before
 JAX starts). ``measured / estimate`` reads 1.0000 where the estimate counts what the engine
 holds. Parameters and slots fall to about 1/N under fsdp; under tensor parallel only the split
-attention and MLP weights do (embeddings, norms and the closing layers' biases stay whole).
+attention and MLP weights and the token embedding do (gpt2 small's 96-token vocabulary splits
+over 2 and 4; its position embedding, norms and the closing layers' biases stay whole).
 About a minute on 2 cores:
 
     .venv/bin/python benchmarks/scaling.py --memory [--processes 1 2 4] [--hidden 1024] [--after-step]

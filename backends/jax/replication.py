@@ -10,7 +10,7 @@ back to the model's one device.
 
 ``strategy="fsdp"`` (:class:`ShardedReplicas`) shards every array along ``training.shard_axis``;
 a mesh with a ``model`` axis (:class:`TensorParallelReplicas`) splits the zoo transformers'
-attention and MLP layers Megatron-style (``training.tensor_parallel_axis``) and the batch over
+attention and MLP layers and token embedding Megatron-style (``training.tensor_parallel_axis``) and the batch over
 ``data``. Both only annotate where arrays live (``NamedSharding``, ``with_sharding_constraint``):
 XLA's GSPMD partitioner inserts the collectives, so the step is the one-device math.
 
@@ -204,7 +204,11 @@ class TensorParallelReplicas(ShardedReplicas):
     A fused ``attn.qkv`` is held by its parts where the program takes it so
     (``fused_by_parts``): ``(width, 3, width)``, split along the last axis, so each device
     holds the same heads of q, k and v (``training.tensor_parallel_shape``) and XLA's
-    partitioner finds every op up to the attention output local to it. :meth:`whole` and
+    partitioner finds every op up to the attention output local to it. The token embedding is
+    split by vocabulary where ``model`` divides it (``training.VOCAB_SPLIT``): XLA's partitioner
+    looks the ids up in each device's rows, masks the rest and all-reduces (the gradient is a
+    masked scatter into the device's rows, no exchange), and a head tied to it gives logits
+    split by vocabulary, whose softmax all-reduces its maximum and sum. :meth:`whole` and
     :meth:`saved` reshape it back to ``(width, 3 * width)``: there a ``NamedSharding`` can only
     split in contiguous column blocks, so the reshape moves columns between devices, once, where
     the arrays leave the trainer, instead of activations in every step."""

@@ -34,7 +34,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
-from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
+from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distribute_tensor
 from torch.distributed.tensor.experimental import implicit_replication, register_sharding
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.overrides import TorchFunctionMode
@@ -272,6 +272,13 @@ class TensorParallelProcessReplicas(ProcessReplicas):
     q, k and v, and its projection, attention and output projection run with no collective
     before the sum after ``attn.out`` (split as saved, in column blocks, DTensor would all-gather
     the projection's output to split it into q, k and v, and attend with every head on every rank).
+
+    The token embedding is split by vocabulary where ``m`` divides it (``training.VOCAB_SPLIT``):
+    this rank holds ``vocab / m`` rows, the lookup sums each rank's rows (:func:`_vocab_lookup`,
+    one all-reduce) and its gradient stays split. A head tied to it (gpt2, llama) is its
+    transpose, split by columns: the logits come out split by vocabulary (``Shard(-1)``), and
+    DTensor all-gathers them where the loss's softmax reads the whole vocabulary (``log_softmax``
+    takes its axis whole), and again where the step hands its outputs to the metrics.
     """
 
     shards = True
@@ -415,6 +422,15 @@ class _Megatron(TorchFunctionMode):
     only, so a plain input to a convolution with a DTensor weight (vit's images, taken as a copy
     on every rank by ``implicit_replication`` in the forward) is handed to it as a replicated
     DTensor.
+
+    And a lookup in a table split by rows (the token embedding split by vocabulary,
+    ``training.VOCAB_SPLIT``; the op set's ``take`` is ``index_select``) is Megatron's
+    ``VocabParallelEmbedding`` (:func:`_vocab_lookup`): each rank looks up the ids in its rows,
+    zeros for the rest, and one all-reduce sums them; its gradient stays this rank's rows.
+    DTensor's own rule for ``aten.embedding`` does the forward so, but its backward's rules
+    (torch 2.13) split the table's gradient by columns or leave it a partial sum of the whole
+    table, never by rows; its ``index_select`` rules split no table along the axis picked from,
+    so it would all-gather the table.
     """
 
     PRODUCTS = frozenset(
@@ -445,6 +461,8 @@ class _Megatron(TorchFunctionMode):
         if func in self.CONVOLUTIONS and isinstance(args[1], DTensor) and not isinstance(args[0], DTensor):
             mesh = args[1].device_mesh
             args = (DTensor.from_local(args[0], mesh, [Replicate()] * mesh.ndim), *args[1:])
+        if func is torch.index_select and not kwargs and _split_rows(args):
+            return _vocab_lookup(*args)
         if func not in self.PRODUCTS:
             return func(*args, **kwargs)
         if any(isinstance(a, DTensor) and not _whole(a) for a in args):  # whole operands beside split ones
@@ -464,6 +482,39 @@ class _Megatron(TorchFunctionMode):
         handle = DTensor.from_local(value.to_local(), value.device_mesh, value.placements)
         self.handles[key] = (weakref.ref(value, lambda _: self.handles.pop(key, None)), handle)
         return handle
+
+
+def _split_rows(args: tuple) -> bool:
+    """Whether ``index_select(*args)`` picks rows (axis 0) of a table split by rows over a 1-D
+    mesh (the token embedding split by vocabulary), in even parts, with ids that are whole."""
+    if len(args) != 3 or not isinstance(args[0], DTensor) or args[1] % max(args[0].dim(), 1) != 0:
+        return False
+    table, ids = args[0], args[2]
+    mesh = table.device_mesh
+    return (
+        mesh.ndim == 1
+        and table.placements == (Shard(0),)
+        and table.shape[0] % mesh.size() == 0
+        and (not isinstance(ids, DTensor) or _whole(ids))
+    )
+
+
+def _vocab_lookup(table: DTensor, axis: int, ids: Any) -> DTensor:
+    """``index_select(table, 0, ids)`` for a ``table`` split by rows (:func:`_split_rows`), as
+    Megatron-LM's ``VocabParallelEmbedding`` computes it: this rank's rows picked for the ids in
+    its range, zeros for the others (torch's ``_MaskPartial`` for ``aten.embedding`` does the
+    same), a partial sum made whole by one all-reduce (``Partial`` to ``Replicate``). In the
+    backward pass the gradient, whole on every rank, goes back through the mask into this rank's
+    rows only (no exchange): the table's gradient is split like the table."""
+    mesh = table.device_mesh
+    local = table.to_local()
+    rows = local.shape[0]
+    ids = ids.to_local() if isinstance(ids, DTensor) else ids
+    shifted = ids - mesh.get_local_rank() * rows
+    outside = (shifted < 0) | (shifted >= rows)
+    picked = torch.index_select(local, 0, shifted.masked_fill(outside, 0))
+    picked = picked.masked_fill(outside.reshape(-1, *[1] * (picked.dim() - 1)), 0)
+    return DTensor.from_local(picked, mesh, [Partial()]).redistribute(mesh, [Replicate()])
 
 
 def _whole(value: DTensor) -> bool:

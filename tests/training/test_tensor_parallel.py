@@ -203,7 +203,32 @@ def test_a_mesh_of_four_model_devices_splits_rows_and_columns(jax_devices):
     params = Trainer(build("llama"), devices=jax_devices, mesh={"model": 4}).program.params
     assert tuple(params["block0.mlp.up.weight"].sharding.spec) == (None, "model")  # columns
     assert tuple(params["block0.mlp.down.weight"].sharding.spec) == ("model",)  # rows
-    assert params["tokens.weight"].is_fully_replicated and params["norm.scale"].is_fully_replicated
+    assert params["norm.scale"].is_fully_replicated
+
+
+@pytest.mark.multi_device
+@pytest.mark.parametrize("name, model", [("llama", 4), ("gpt2", 2)])
+def test_the_token_embedding_is_split_by_vocabulary_over_the_model_axis(jax_devices, name, model):
+    # Megatron-LM's VocabParallelEmbedding: device i of the model axis holds the vocabulary's rows
+    # i * vocab / m .. (i + 1) * vocab / m (and their Adam slots), not a whole copy of the table
+    trainer = Trainer(build(name), "cross_entropy", "adam", devices=jax_devices[:model], mesh={"model": model})
+    table, whole = trainer.program.params["tokens.weight"], build(name, "numpy").params["tokens.weight"]
+    rows = whole.shape[0] // model
+    starts = []
+    for shard in table.addressable_shards:
+        assert shard.data.shape == (rows, whole.shape[1]), shard.index
+        start = shard.index[0].start or 0
+        np.testing.assert_array_equal(np.asarray(shard.data), whole[start : start + rows])
+        starts.append(start)
+    assert sorted(starts) == [i * rows for i in range(model)]
+    assert trainer.state["m/tokens.weight"].sharding.spec == table.sharding.spec
+
+
+@pytest.mark.multi_device
+def test_a_vocabulary_the_model_axis_does_not_divide_keeps_the_embedding_whole(jax_devices):
+    vocab = models.definition("bert").SMALL["vocab"]  # 99: no even split over 2 (gpt2's real 50,257 neither)
+    params = Trainer(build("bert"), devices=jax_devices[:2], mesh={"model": 2}).program.params
+    assert vocab % 2 and params["tokens.weight"].is_fully_replicated
 
 
 def held_on_first_device(arrays: dict) -> int:

@@ -32,11 +32,40 @@ ATOL = {"vit": 1e-4}
 #: the split layers each rank should hold a part of: {name: the axis split}; a fused ``attn.qkv``
 #: is held by its parts, (width, 3, width) and bias (3, width), split along the last axis
 SPLIT = {
-    "gpt2": {"block0.attn.qkv.weight": 2, "block0.attn.qkv.bias": 1, "block0.mlp.fc2.weight": 0},
-    "llama": {"block0.attn.q.weight": 1, "block0.mlp.gate.weight": 1, "block0.mlp.down.weight": 0},
+    "gpt2": {"block0.attn.qkv.weight": 2, "block0.attn.qkv.bias": 1, "block0.mlp.fc2.weight": 0, "tokens.weight": 0},
+    "llama": {
+        "block0.attn.q.weight": 1,
+        "block0.mlp.gate.weight": 1,
+        "block0.mlp.down.weight": 0,
+        "tokens.weight": 0,  # by vocabulary (96 rows: 48 a rank), the head tied to it
+    },
     "bert": {"layer0.attn.qkv.weight": 2, "layer0.attn.out.weight": 0, "layer0.mlp.fc1.bias": 0},
     "vit": {"block0.attn.qkv.weight": 2, "block0.attn.out.weight": 0, "block0.mlp.fc1.weight": 1},
 }
+
+#: the models whose token embedding splits by vocabulary over two ranks (the small 96-token one,
+#: tied to the head); bert's 99 tokens do not split evenly and stay whole, vit has no vocabulary
+VOCAB_SPLIT = {"gpt2", "llama"}
+
+
+def exchanges(name: str, remat: bool) -> tuple[dict[str, int], dict[str, int]]:
+    """DTensor's collectives over ``model`` in one forward pass, and in one forward and backward
+    pass of the loss (cross-entropy, or bert's mse), of a one-block model split over two ranks.
+
+    Megatron's: the sums after ``attn.out`` and the MLP's closing layer in the forward pass, and
+    their mirror images in the backward pass, the sums of the gradients of the opening layers'
+    input (``attn.qkv`` or q, k, v; ``fc1`` or gate, up); under ``remat`` the recomputed block
+    repeats the sum after ``attn.out`` (the one after the MLP the backward pass does not need,
+    and torch's checkpoint stops before it). A vocabulary-split embedding adds its lookup's sum
+    to the forward pass, and its tied head (a column layer) the sum of its input's gradient to
+    the backward; its logits, split by vocabulary, are all-gathered once, where the loss's
+    ``log_softmax`` reads the whole vocabulary.
+    """
+    split = name in VOCAB_SPLIT
+    forward = {"all_reduce": 2 + split}
+    step = {"all_reduce": 4 + remat + 2 * split, **({"all_gather_into_tensor": 1} if split else {})}
+    return forward, step
+
 
 SCRIPT = textwrap.dedent("""
     import json, sys
@@ -159,6 +188,8 @@ def test_a_model_axis_across_processes_trains_as_one_process_with_a_part_of_each
             assert many["slots"][f"m/{key}"] == many["slots"][f"v/{key}"] == part, key
         norm = next(k for k in one["shapes"] if "norm" in k)
         assert many["held"][norm] == one["shapes"][norm]  # a layer outside the layout is copied whole
+        if name == "bert":  # a vocabulary of 99 has no even split over two: whole on each rank
+            assert many["held"]["tokens.weight"] == one["shapes"]["tokens.weight"]
     for rank, many in enumerate(ranks):  # a fused qkv: each rank the same whole heads of q, k and v
         column, model = rank % mesh["model"], mesh["model"]
         for key, local in many["fused"].items():
@@ -167,15 +198,13 @@ def test_a_model_axis_across_processes_trains_as_one_process_with_a_part_of_each
             by_part = saved.reshape(saved.shape[0], 3, width)
             mine = by_part[..., column * width // model : (column + 1) * width // model]  # heads of this column
             np.testing.assert_array_equal(np.asarray(local), mine, err_msg=key)
-        # Megatron's exchanges and no others (no weight gathered, no activation moved): the forward's
-        # sums after attn.out and the closing MLP layer, and the backward's mirror images, the sums
-        # of the gradients of the opening layers' input (attn.qkv or q, k, v; fc1 or gate, up);
-        # the data axis's own sums of the gradients (dist.all_reduce: allreduce_) come on top; remat
-        # recomputes the block in the backward pass with its sum after attn.out (the last one, after
-        # the MLP, the backward pass does not need, and torch's checkpoint stops before it)
-        assert many["forward"] == {"all_reduce": 2}, many["forward"]
+        # Megatron's exchanges and no others (no weight gathered, no activation moved but the
+        # vocabulary-split logits: see exchanges); the data axis's own sums of the gradients
+        # (dist.all_reduce: allreduce_) come on top
+        forward, step = exchanges(name, remat)
+        assert many["forward"] == forward, many["forward"]
         exchanged = {kind: n for kind, n in many["step"].items() if kind != "allreduce_"}
-        assert exchanged == {"all_reduce": 5 if remat else 4}, many["step"]
+        assert exchanged == step, many["step"]
         assert many["step"].get("allreduce_", 0) == (len(many["held"]) if "data" in mesh else 0), many["step"]
     # what each rank holds of the parameters and Adam's slots is what the memory estimate says
     for measured, layout in [(one, None), *((many, mesh) for many in ranks)]:
@@ -226,8 +255,11 @@ FIRST_FIT = textwrap.dedent("""
 @pytest.mark.multi_device
 def test_a_first_fit_learns_the_output_shape_without_gathering_the_split_weights(tmp_path):
     # gpt2 declares no output width: the first fit learns it by shape evaluation on the split
-    # weights (fake tensors), so its collectives are the one step's (Megatron's four sums per
-    # block), with no all-gather of the weights nor broadcast of the batch before it
+    # weights (fake tensors), so its collectives are the one step's, with no all-gather of the
+    # weights nor broadcast of the batch before it: Megatron's four sums per block, the two of
+    # the vocabulary-split embedding and its tied head (exchanges), and the logits, split by
+    # vocabulary, all-gathered twice: for the loss's log_softmax, and as the step's outputs,
+    # which the metrics (accuracy) read whole
     script = tmp_path / "first_fit.py"
     script.write_text(FIRST_FIT)
     launch = [sys.executable, "-m", "xdevice", "launch", "--nproc-per-node", "2"]
@@ -237,5 +269,6 @@ def test_a_first_fit_learns_the_output_shape_without_gathering_the_split_weights
     assert done.returncode == 0, done.stderr[-3000:]
     for rank in range(2):
         found = json.loads((tmp_path / f"rank{rank}.json").read_text())
-        assert found["collectives"] == {"all_reduce": 4}, found["collectives"]
+        _, step = exchanges("gpt2", remat=False)
+        assert found["collectives"] == {**step, "all_gather_into_tensor": 2}, found["collectives"]
         assert found["outputs"] == [8, models.definition("gpt2").SMALL["vocab"]]

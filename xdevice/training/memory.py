@@ -21,8 +21,9 @@ each device holds all the weights and state and its own rows: pass the rows per 
 parameter, gradient and optimizer slot: the arrays split along the axis the engine splits
 them along (``shard_axis``) count 1/N, the others (no axis N divides) whole. Under a mesh
 with a ``model`` axis of M devices (tensor parallel, ``mesh={"data": 2, "model": 2}``) the
-attention and MLP weights the layout splits (``tensor_parallel_axis``), their gradients and
-optimizer slots count 1/M, the rest (embeddings, norms, the closing layers' biases) whole; the
+attention and MLP weights and the token embedding (by vocabulary, where M divides it) the
+layout splits (``tensor_parallel_axis``), their gradients and optimizer slots count 1/M, the
+rest (position embeddings, norms, the closing layers' biases) whole; the
 activations stay the one-device count for ``batch`` rows. The measurement stays the
 one-device step's.
 
@@ -159,7 +160,8 @@ def estimate_memory(
         devices: how many devices the data parallelism spans (with ``mesh``: left out, or
             the product of its sizes).
         mesh: ``{"data": d, "model": m}``: the devices as a grid, the transformers' attention and
-            MLP layers split ``m`` ways (tensor parallel; ``strategy`` stays ``"replicate"``).
+            MLP layers and token embedding split ``m`` ways (tensor parallel; ``strategy`` stays
+            ``"replicate"``).
         **spec: the zoo model's hyper-parameters; ``remat=True`` (real-scale models) counts the
             activations that recomputing each block in the backward pass keeps.
 

@@ -13,7 +13,7 @@ across the processes ``xdevice launch`` started, PyTorch across launched process
 and PyTorch in one process, refuse it by name, with the way that works.
 
 ``mesh={"data": 2, "model": 2}`` lays the devices out as a grid: the batch is split over
-``data``, and the zoo transformers' attention and MLP layers over ``model`` (tensor
+``data``, and the zoo transformers' attention and MLP layers and token embedding over ``model`` (tensor
 parallelism, Megatron-LM's layout, ``xdevice.backends.training.tensor_parallel_axis``): JAX
 over ``devices=[...]`` in one process or across the processes ``xdevice launch`` started (one
 global ``Mesh``), PyTorch across launched processes (DTensor; in one process it refuses, with the

@@ -79,7 +79,7 @@ class Trainer:
             after training they stay sharded: :meth:`gather` brings them whole, and saving gathers).
         mesh: with ``devices``, lay them out as a grid, ``{"data": d, "model": m}`` (``d * m``
             devices): the batch is split ``d`` ways and the zoo transformers' attention and MLP
-            layers ``m`` ways (tensor parallel, Megatron-LM's layout; JAX). The model holds
+            layers and token embedding ``m`` ways (tensor parallel, Megatron-LM's layout; JAX). The model holds
             the split arrays from the trainer's making on, and after training, as under fsdp.
             Default: ``{"data": len(devices)}``.
         stages: split a sequential model layer-wise, stage ``i`` on ``stages[i]``, for models
