@@ -9,10 +9,9 @@ llama fits two processes on a 24 GiB machine because nothing holds the whole mod
 parts for long: each array is placed as it is drawn (``models.build``), the trainer lets the
 model's whole arrays go once it holds its parts, and learns the output's shape by shape
 evaluation, not from a forward pass on gathered weights, and the token embedding (1 GB, tied to
-the output layer) is split by vocabulary like the layers. Measured here (peak RSS, llama): one
-process 12.5 GB (PyTorch) and 11.1 GB (JAX); each of the two 7.97-8.03 GB and 7.03-7.33 GB (two
-runs; 8.49 and 7.99 with the embedding copied whole to each process). SGD, not Adam (no optimizer slots: 2 x 5 GB
-more on one process). Two steps on one batch of two rows of 16 tokens, each loss as one
+the output layer) is split by vocabulary like the layers. Peak memory per phase:
+``benchmarks/tp_memory.py`` (docs/training.md's table). SGD, not Adam (no optimizer slots:
+2 x 5 GB more on one process). Two steps on one batch of two rows of 16 tokens, each loss as one
 process's; on PyTorch the second step's collectives are counted too: per block, the two sums
 after the row layers in the forward pass and the two of the column layers' input gradients in
 the backward, and the vocabulary split's (``EMBEDDING``), nothing else. ``make

@@ -256,10 +256,7 @@ class Batcher:
     ``clock`` is the wall clock its phases are timed by. ``inline_below`` (seconds): a model
     whose merged runs take less runs them on the event loop itself, as a fast model's lone
     request does (``Models.infer``); 0, never. Handing such a run to a thread and back (two
-    wake-ups, the GIL passed back and forth) costs the server more CPU than the run, and
-    measured on two cores shared with the client it answered more requests on the loop: the
-    zoo mlp over gRPC at concurrency 32, 2816 requests/s merged on the loop against 2299 on
-    instance threads and 2409 alone (medians of 5 rounds of phases).
+    wake-ups, the GIL passed back and forth) costs the server more CPU than the run.
     """
 
     def __init__(

@@ -42,6 +42,7 @@ from xdevice._device import Device
 from xdevice._errors import message
 from xdevice.serving.iobinding import DevicePointer
 from xdevice.serving.protocol import BadRequest, Region, numpy_dtype
+from xdevice.serving.session import numpy_dtype_of
 
 __all__ = [
     "CudaError",
@@ -326,8 +327,9 @@ class CudaSharedMemory:
                 )
 
     def register(self, name: str, handle: bytes, device_id: int, byte_size: int) -> None:
-        """Open ``handle`` (memory of ``byte_size`` bytes on GPU ``device_id``) as region ``name``."""
-        self.check(name, handle, device_id, byte_size)
+        """Open ``handle`` (memory of ``byte_size`` bytes on GPU ``device_id``) as region ``name``;
+        the fields :meth:`check`-ed first by the caller (the data plane, before it refuses a
+        registration it cannot serve)."""
         if name in self._regions:
             raise BadRequest(
                 message(
@@ -427,7 +429,7 @@ class CudaSharedMemory:
         """Copy ONNX Runtime's ``value`` (an ``OrtValue`` on the GPU) into its region, device
         to device; returns a stand-in with its shape and dtype and no data, for the response."""
         shape = tuple(value.shape())
-        dtype = _ORT_DTYPES.get(value.data_type())
+        dtype = numpy_dtype_of(value.data_type())
         if dtype is None:
             raise BadRequest(
                 message(f"Output {output_name!r} cannot go to CUDA shared memory", received=value.data_type())
@@ -480,16 +482,3 @@ class CudaSharedMemory:
     def _close(self, opened: _Opened) -> None:
         with contextlib.suppress(BadRequest, CudaError):  # a handle the driver already dropped: nothing to free
             self._runtime_now("").close(opened.pointer, opened.device_id)
-
-
-#: ONNX Runtime's tensor type names -> numpy dtypes (an output's, read from its ``OrtValue``)
-_ORT_DTYPES = {
-    f"tensor({onnx})": np.dtype(numpy)
-    for onnx, numpy in {
-        "float": "float32",
-        "double": "float64",
-        "float16": "float16",
-        "bool": "bool",
-        **{f"{s}int{b}": f"{s}int{b}" for s in ("", "u") for b in (8, 16, 32, 64)},
-    }.items()
-}

@@ -49,7 +49,7 @@ from xdevice._errors import ConfigurationError, DeviceNotFound, InferenceError, 
 from xdevice._tensors import backend_of, to_host
 from xdevice.serving.iobinding import DevicePointer, bind_in_place, binds_in_place, ort_device
 
-__all__ = ["TensorSpec", "Session", "serving_device"]
+__all__ = ["TensorSpec", "Session", "numpy_dtype_of", "serving_device"]
 
 _OPTIMIZATION = {
     "disable": "ORT_DISABLE_ALL",
@@ -249,10 +249,10 @@ class Session:
         wanted = self._output_names if outputs is None else outputs
         try:
             if on_device:
-                return self._run_kept(feeds, wanted, set(on_device))
-            if to in (None, "numpy") and not any(_is_device_array(v) for v in feeds.values()):
+                self._check_kept(set(on_device))
+            elif to in (None, "numpy") and not any(_is_device_array(v) for v in feeds.values()):
                 return dict(zip(wanted, self._session.run(wanted, feeds)))  # numpy already: as they are
-            return self._run_bound(feeds, wanted, to, self.device.kind == "gpu")
+            return self._run_bound(feeds, wanted, to, set(on_device))
         except InferenceError:
             raise
         except Exception as error:
@@ -260,17 +260,23 @@ class Session:
                 message(f"Model {self.name!r} failed to run", received=str(error).strip()[:500])
             ) from error
 
-    def _run_bound(self, feeds: dict[str, Any], wanted: list[str], to: str | None, on_gpu: bool):
+    def _run_bound(self, feeds: dict[str, Any], wanted: list[str], to: str | None, kept: set[str]):
+        """The run by IO binding: inputs bound by pointer where they are device arrays, outputs
+        on the session's device (strings on the host), handed over as ``to`` says; those
+        ``kept`` stay ONNX Runtime's ``OrtValue`` on the device."""
         binding = self._session.io_binding()  # one per call: a binding is not shared between threads
         held = self._bind_inputs(binding, feeds)  # bound by pointer: alive until the run returns
         specs = {s.name: s for s in self.outputs}
         place = ort_device(self.device)
-        for name in wanted:
-            binding.bind_output(name, *(("cpu", 0) if specs[name].dtype == "string" else place))
+        for name in wanted:  # beside outputs kept on the device, the others go to the host at once
+            on_host = specs[name].dtype == "string" or (kept and name not in kept)
+            binding.bind_output(name, *(("cpu", 0) if on_host else place))
         self._session.run_with_iobinding(binding)
-        if on_gpu:
+        if self.device.kind == "gpu":
             binding.synchronize_outputs()
         del held
+        if kept:
+            return {name: v if name in kept else v.numpy() for name, v in zip(wanted, binding.get_outputs())}
         if to in (None, "numpy"):
             return dict(zip(wanted, binding.copy_outputs_to_cpu()))
         target = _registry.backend(to)
@@ -285,6 +291,19 @@ class Session:
                 result[name] = target.from_dlpack(value)
         return result
 
+    def _check_kept(self, kept: set[str]) -> None:
+        """Refuse outputs that cannot stay in GPU memory (:meth:`run_checked`'s ``on_device``)."""
+        specs = {s.name: s for s in self.outputs}
+        refused = sorted(n for n in kept if self.device.kind != "gpu" or specs[n].dtype == "string")
+        if refused:
+            raise InferenceError(
+                message(
+                    f"Model {self.name!r} cannot leave outputs {refused} in GPU memory",
+                    expected="numeric outputs of a model running on a GPU",
+                    received=f"{self.device}, dtypes {[specs[n].dtype for n in refused]}",
+                )
+            )
+
     def _bind_inputs(self, binding: Any, feeds: dict[str, Any]) -> list[Any]:
         """Bind ``feeds``: device arrays by pointer, the others from the host; returns what was
         bound by pointer, for the caller to hold until the run returns."""
@@ -298,29 +317,6 @@ class Session:
         if held:  # the producing framework may still be writing them on its own CUDA stream
             binding.synchronize_inputs()
         return held
-
-    def _run_kept(self, feeds: dict[str, Any], wanted: list[str], kept: set[str]) -> dict[str, Any]:
-        """:meth:`run_checked` with the outputs ``kept`` left on the device as ``OrtValue`` objects
-        and the others copied to numpy by ONNX Runtime (bound on the host)."""
-        specs = {s.name: s for s in self.outputs}
-        refused = sorted(n for n in kept if self.device.kind != "gpu" or specs[n].dtype == "string")
-        if refused:
-            raise InferenceError(
-                message(
-                    f"Model {self.name!r} cannot leave outputs {refused} in GPU memory",
-                    expected="numeric outputs of a model running on a GPU",
-                    received=f"{self.device}, dtypes {[specs[n].dtype for n in refused]}",
-                )
-            )
-        binding = self._session.io_binding()
-        held = self._bind_inputs(binding, feeds)
-        place = ort_device(self.device)
-        for name in wanted:
-            binding.bind_output(name, *(place if name in kept else ("cpu", 0)))
-        self._session.run_with_iobinding(binding)
-        binding.synchronize_outputs()
-        del held
-        return {name: value if name in kept else value.numpy() for name, value in zip(wanted, binding.get_outputs())}
 
     def check_inputs(self, inputs: dict[str, Any]) -> dict[str, Any]:
         """``inputs`` checked against the model's (names, dtypes, shapes) and ready for ORT.
@@ -504,9 +500,33 @@ def _has_external_data(proto) -> bool:
 
 
 def _spec(arg) -> TensorSpec:
-    kind = arg.type[len("tensor(") : -1] if arg.type.startswith("tensor(") else arg.type
     shape = tuple(d if isinstance(d, int) else None for d in (arg.shape or ()))
-    return TensorSpec(arg.name, _ONNX_TO_NUMPY.get(kind, kind), shape)
+    return TensorSpec(arg.name, _ort_numpy_name(arg.type), shape)
+
+
+def _ort_numpy_name(ort_type: str) -> str:
+    """ONNX Runtime's type name (``"tensor(float)"``) as a numpy dtype name (``"float32"``;
+    ``"string"`` for strings)."""
+    kind = ort_type[len("tensor(") : -1] if ort_type.startswith("tensor(") else ort_type
+    return _ONNX_TO_NUMPY.get(kind, kind)
+
+
+def numpy_dtype_of(ort_type: str) -> Any:
+    """The numpy dtype of ONNX Runtime's tensor type ``ort_type`` (an ``OrtValue``'s
+    ``data_type()``), or None where numpy has none for raw bytes (strings, bfloat16).
+
+    >>> numpy_dtype_of("tensor(float16)"), numpy_dtype_of("tensor(string)")
+    (dtype('float16'), None)
+    """
+    import numpy as np
+
+    name = _ort_numpy_name(ort_type)
+    if name in ("string", "bfloat16"):
+        return None
+    try:
+        return np.dtype(name)
+    except TypeError:
+        return None
 
 
 def serving_device(spec: Any) -> Device:
